@@ -1,0 +1,165 @@
+//! Configuration (CONTRACT §2): one clap struct, every flag also read from its env var.
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+/// Parse `15s`, `500ms`, `2m`.
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 15s, 500ms, 2m)"))?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "leasehold-sidecar", version, about = "One writer per session: leases in Postgres, fenced writes")]
+#[command(subcommand_negates_reqs = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the database migrations and exit (safe to run concurrently and repeatedly).
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Stable name of this pod [default: $POD_NAME, else the hostname].
+    #[arg(long, env = "LEASEHOLD_NODE_ID")]
+    pub node_id: Option<String>,
+
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL", required = true)]
+    pub database_url: Option<String>,
+
+    /// Client API listener.
+    #[arg(long, env = "LEASEHOLD_PUBLIC_LISTEN", default_value = "0.0.0.0:8080")]
+    pub public_listen: SocketAddr,
+
+    /// Listener for turns and streams forwarded by other sidecars.
+    #[arg(long, env = "LEASEHOLD_PEER_LISTEN", default_value = "0.0.0.0:8081")]
+    pub peer_listen: SocketAddr,
+
+    /// Listener for the local agent container (loopback only by default).
+    #[arg(long, env = "LEASEHOLD_AGENT_LISTEN", default_value = "127.0.0.1:8082")]
+    pub agent_listen: SocketAddr,
+
+    /// Listener for /healthz /readyz /metrics /drain /leases.
+    #[arg(long, env = "LEASEHOLD_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    pub admin_listen: SocketAddr,
+
+    /// host:port other sidecars use to reach this one [default: $POD_IP:<peer port>].
+    #[arg(long, env = "LEASEHOLD_ADVERTISE_PEER_ADDR")]
+    pub advertise_peer_addr: Option<String>,
+
+    /// Where turns are dispatched.
+    #[arg(long, env = "LEASEHOLD_AGENT_URL", default_value = "http://127.0.0.1:3000")]
+    pub agent_url: String,
+
+    /// Lifetime of this process's node lease without a renewal.
+    #[arg(long, env = "LEASEHOLD_LEASE_TTL", default_value = "15s", value_parser = duration)]
+    pub lease_ttl: Duration,
+
+    /// How often the node lease is renewed; must be below lease-ttl / 2.
+    #[arg(long, env = "LEASEHOLD_HEARTBEAT_INTERVAL", default_value = "5s", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+
+    /// How long a drain waits for in-flight turns.
+    #[arg(long, env = "LEASEHOLD_DRAIN_TIMEOUT", default_value = "25s", value_parser = duration)]
+    pub drain_timeout: Duration,
+
+    /// Shared secret that authenticates peer requests.
+    #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET", required_unless_present = "insecure_peer", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+
+    /// Accept and send unauthenticated peer requests (development only).
+    #[arg(long, env = "LEASEHOLD_INSECURE_PEER")]
+    pub insecure_peer: bool,
+
+    /// Apply migrations at start.
+    #[arg(long, env = "LEASEHOLD_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub migrate: bool,
+}
+
+/// A configuration error: one line naming the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag}: {message}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub message: String,
+}
+
+fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError { flag, message: message.into() }
+}
+
+/// Settings after defaults that depend on the environment are resolved and cross-flag
+/// rules are checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_id: String,
+    pub database_url: String,
+    pub advertise_peer_addr: String,
+    pub args: RunArgs,
+}
+
+impl RunArgs {
+    /// Resolve defaults from the environment (`POD_NAME`, `POD_IP`, hostname) and check
+    /// the rules that span flags.
+    pub fn resolve(self, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        if self.heartbeat_interval >= self.lease_ttl / 2 {
+            return Err(invalid(
+                "--heartbeat-interval",
+                format!(
+                    "{} must be less than half of --lease-ttl ({})",
+                    humantime::format_duration(self.heartbeat_interval),
+                    humantime::format_duration(self.lease_ttl)
+                ),
+            ));
+        }
+        let node_id = self
+            .node_id
+            .clone()
+            .or_else(|| env("POD_NAME"))
+            .or_else(|| env("HOSTNAME"))
+            .ok_or_else(|| invalid("--node-id", "not set and neither POD_NAME nor HOSTNAME is"))?;
+        if node_id.is_empty() || node_id.len() > 253 || node_id.contains('/') {
+            return Err(invalid("--node-id", format!("{node_id:?} must be 1-253 characters without '/'")));
+        }
+        let advertise_peer_addr = match (&self.advertise_peer_addr, env("POD_IP")) {
+            (Some(addr), _) => addr.clone(),
+            (None, Some(ip)) => SocketAddr::new(
+                ip.parse().map_err(|_| invalid("--advertise-peer-addr", format!("POD_IP {ip:?} is not an IP")))?,
+                self.peer_listen.port(),
+            )
+            .to_string(),
+            (None, None) if !self.peer_listen.ip().is_unspecified() => self.peer_listen.to_string(),
+            (None, None) => {
+                return Err(invalid(
+                    "--advertise-peer-addr",
+                    "required when POD_IP is unset and --peer-listen is a wildcard address",
+                ))
+            }
+        };
+        let database_url = self.database_url.clone().ok_or_else(|| invalid("--database-url", "required"))?;
+        Ok(Config { node_id, database_url, advertise_peer_addr, args: self })
+    }
+}
+
+#[cfg(test)]
+mod tests;

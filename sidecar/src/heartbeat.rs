@@ -1,0 +1,193 @@
+//! The supervised heartbeat: renews this process's node lease on its own timer,
+//! independent of any turn, in one single-row statement per beat (CONTRACT §7).
+//!
+//! It publishes how long the node lease is *certainly* live (measured on the monotonic
+//! clock from before the renewal was sent), reports a lost boot on a channel, and, when the
+//! node lease was lost, registers a new boot so the process can serve again. The task's
+//! `JoinHandle` is returned so the process notices if it ever stops.
+
+use std::time::Duration;
+
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::{Instant, MissedTickBehavior},
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{self, LeaseStore, Owner};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("heartbeat could not reach the lease store")]
+    Store(#[from] store::Error),
+    #[error("heartbeat task died")]
+    Died(#[source] tokio::task::JoinError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Share of the TTL we never count on locally: covers clock-rate drift between this pod's
+/// monotonic clock and the database's, and scheduling delay before we act on the value.
+pub const SAFETY_MARGIN_DIVISOR: u32 = 10;
+
+/// Lower bound of the safety margin, for very short (test) TTLs.
+pub const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(50);
+
+/// How many lost boots may queue before the heartbeat waits for the consumer; a boot is
+/// lost at most once per TTL, so this never fills in practice.
+const LOST_CHANNEL_CAPACITY: usize = 16;
+
+/// Until when a node lease renewed at `sent` (before the statement was sent) is certainly
+/// live: the database set `expires_at = now() + ttl` with `now()` no earlier than `sent`.
+pub fn certainly_live_until(sent: Instant, ttl: Duration) -> Instant {
+    let margin = (ttl / SAFETY_MARGIN_DIVISOR).max(MIN_SAFETY_MARGIN);
+    sent + ttl.saturating_sub(margin)
+}
+
+/// This process's identity and how long it may act without asking the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    /// The current boot. Changes only after the previous boot's node lease was lost.
+    pub owner: Owner,
+    /// `None` while not registered or after a loss; otherwise the monotonic deadline.
+    pub live_until: Option<Instant>,
+}
+
+impl NodeState {
+    pub fn certainly_live(&self, now: Instant) -> bool {
+        self.live_until.is_some_and(|until| now < until)
+    }
+}
+
+/// Settings of the heartbeat.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    pub store: LeaseStore,
+    pub node_id: String,
+    pub peer_addr: String,
+    pub ttl: Duration,
+    pub interval: Duration,
+}
+
+/// What the process holds of a running heartbeat.
+#[derive(Debug)]
+pub struct HeartbeatHandle {
+    pub state: watch::Receiver<NodeState>,
+    /// Each boot whose node lease was lost: every session it held is gone.
+    pub lost: mpsc::Receiver<Owner>,
+    /// Ends with `Err` only on an unrecoverable failure; the process must exit then.
+    pub task: JoinHandle<Result<()>>,
+    cancel: CancellationToken,
+}
+
+impl HeartbeatHandle {
+    /// Stop renewing (drain calls this before handing the leases back) and wait for the
+    /// task to finish its current beat.
+    pub async fn stop(&mut self) -> Result<()> {
+        self.cancel.cancel();
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(join) => Err(Error::Died(join)),
+        }
+    }
+}
+
+impl Heartbeat {
+    /// Register the first boot (revoking earlier boots of this node id) and start the
+    /// timer. Fails if the first registration fails: the sidecar does not become ready
+    /// without a node lease.
+    pub async fn start(self) -> Result<HeartbeatHandle> {
+        let owner = Owner::new_boot(&self.node_id);
+        let sent = Instant::now();
+        let revoked = self.store.register_boot(&owner, &self.peer_addr, self.ttl).await?;
+        tracing::info!(%owner, revoked_earlier_boots = revoked, "registered node lease");
+        let live_until = Some(certainly_live_until(sent, self.ttl));
+        let (state_tx, state) = watch::channel(NodeState { owner, live_until });
+        let (lost_tx, lost) = mpsc::channel(LOST_CHANNEL_CAPACITY);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(self.run(state_tx, lost_tx, cancel.clone()));
+        Ok(HeartbeatHandle { state, lost, task, cancel })
+    }
+
+    async fn run(
+        self,
+        state: watch::Sender<NodeState>,
+        lost: mpsc::Sender<Owner>,
+        cancel: CancellationToken,
+    ) -> Result<()> {
+        let mut timer = tokio::time::interval_at(Instant::now() + self.interval, self.interval);
+        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut registered = true;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                _ = timer.tick() => {}
+            }
+            let owner = state.borrow().owner.clone();
+            let sent = Instant::now();
+            // A beat that cannot finish within one interval has failed; the next starts fresh.
+            match tokio::time::timeout(self.interval, self.beat(&owner, registered)).await {
+                Ok(Ok(Some(live))) => {
+                    if live != owner {
+                        tracing::info!(owner = %live, "registered new boot after losing the node lease");
+                    }
+                    registered = true;
+                    let live_until = Some(certainly_live_until(sent, self.ttl));
+                    state.send_modify(|s| *s = NodeState { owner: live, live_until });
+                }
+                Ok(Ok(None)) => {
+                    tracing::warn!(%owner, "node lease expired or was revoked: every session of this boot is lost");
+                    registered = false;
+                    state.send_modify(|s| s.live_until = None);
+                    if lost.send(owner).await.is_err() {
+                        return Ok(()); // nobody listens: the process is shutting down
+                    }
+                }
+                Ok(Err(e)) if is_fatal(&e) => return Err(e.into()),
+                Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed; will retry"),
+                Err(_) => tracing::warn!(timeout = ?self.interval, "heartbeat timed out; will retry"),
+            }
+        }
+    }
+
+    /// One beat: renew the current boot, or register a fresh boot after a loss.
+    /// `Some(owner)`: `owner` is live now. `None`: the current boot's node lease is gone.
+    async fn beat(&self, owner: &Owner, registered: bool) -> Result<Option<Owner>, store::Error> {
+        if registered {
+            return Ok(self.store.renew_all(owner, self.ttl).await?.map(|lease| lease.owner));
+        }
+        let fresh = Owner::new_boot(&self.node_id);
+        self.store.register_boot(&fresh, &self.peer_addr, self.ttl).await?;
+        Ok(Some(fresh))
+    }
+}
+
+/// A closed pool never comes back: renewing is impossible, so the process must stop.
+fn is_fatal(e: &store::Error) -> bool {
+    matches!(e, store::Error::Database { source: sqlx::Error::PoolClosed, .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certainly_live_keeps_a_margin() {
+        let t = Instant::now();
+        assert_eq!(certainly_live_until(t, Duration::from_secs(15)), t + Duration::from_millis(13_500));
+        // very short TTLs keep at least the minimum margin
+        assert_eq!(certainly_live_until(t, Duration::from_millis(200)), t + Duration::from_millis(150));
+        assert_eq!(certainly_live_until(t, Duration::from_millis(10)), t);
+    }
+
+    #[test]
+    fn live_only_before_the_deadline() {
+        let now = Instant::now();
+        let owner = Owner::from_parts("n", "b");
+        let state = NodeState { owner: owner.clone(), live_until: Some(now + Duration::from_secs(1)) };
+        assert!(state.certainly_live(now));
+        assert!(!state.certainly_live(now + Duration::from_secs(1)));
+        assert!(!NodeState { owner, live_until: None }.certainly_live(now));
+    }
+}

@@ -1,0 +1,27 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use leasehold_sidecar::config::{Cli, Command};
+
+mod runtime;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => return e.print().map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
+        // Bad configuration: one clear line naming the flag.
+        Err(e) => return runtime::fail(e.render().to_string().lines().next().unwrap_or("invalid arguments")),
+    };
+    runtime::init_tracing();
+    let result = match cli.command {
+        Some(Command::Migrate(args)) => runtime::block_on(runtime::migrate(&args.database_url)),
+        None => match cli.run.resolve(|name| std::env::var(name).ok()) {
+            Ok(config) => runtime::block_on(runtime::serve(config)),
+            Err(e) => return runtime::fail(&format!("error: {e}")),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => runtime::fail(&format!("error: {e:#}")),
+    }
+}

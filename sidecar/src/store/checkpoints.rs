@@ -1,0 +1,96 @@
+//! Checkpoints behind the lease-checked fence.
+
+use sqlx::{PgExecutor, Row};
+
+use super::{db, Epoch, Error, LeaseStore, Owner, Result};
+use crate::key::SessionKey;
+
+/// The fence (CONTRACT §7). The write lands only if, in this same statement:
+/// - the lease row still carries the writer's owner `$2` and epoch `$3` and is not
+///   released, read `FOR SHARE` so a concurrent takeover (which updates that row) waits
+///   for us, or we re-check against its committed version and change nothing; and
+/// - the stored checkpoint's epoch is not ahead of ours.
+///
+/// Checking the lease and not only the checkpoint row is what rejects a zombie write that
+/// arrives after a takeover but before the new owner's first checkpoint.
+pub(crate) const PUT_CHECKPOINT_SQL: &str = r#"
+WITH lease AS (
+    SELECT agent_key FROM agent_leases
+    WHERE agent_key = $1 AND owner = $2 AND epoch = $3 AND NOT released
+    FOR SHARE
+)
+INSERT INTO agent_checkpoints AS c (agent_key, epoch, data, updated_at)
+SELECT agent_key, $3, $4, now() FROM lease
+ON CONFLICT (agent_key) DO UPDATE
+SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, updated_at = now()
+WHERE c.epoch <= EXCLUDED.epoch
+"#;
+
+/// The same lease check without a write: the fence for event publishes.
+const CHECK_FENCE_SQL: &str = r#"
+SELECT 1 FROM agent_leases
+WHERE agent_key = $1 AND owner = $2 AND epoch = $3 AND NOT released
+"#;
+
+const GET_CHECKPOINT_SQL: &str = r#"
+SELECT epoch, data FROM agent_checkpoints WHERE agent_key = $1
+"#;
+
+/// A session's latest checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The epoch of the owner that wrote it.
+    pub epoch: Epoch,
+    pub data: Vec<u8>,
+}
+
+/// Run the fenced checkpoint write on any executor (a pool, or a test's transaction).
+pub async fn put_checkpoint<'e>(
+    exec: impl PgExecutor<'e>,
+    key: &SessionKey,
+    owner: &Owner,
+    epoch: Epoch,
+    data: &[u8],
+) -> Result<()> {
+    let done = sqlx::query(PUT_CHECKPOINT_SQL)
+        .bind(key.as_str())
+        .bind(owner.as_str())
+        .bind(epoch.0)
+        .bind(data)
+        .execute(exec)
+        .await
+        .map_err(db("put checkpoint"))?;
+    match done.rows_affected() {
+        1 => Ok(()),
+        _ => Err(Error::Fenced { key: key.clone(), epoch }),
+    }
+}
+
+impl LeaseStore {
+    /// Write a checkpoint through the fence; `Err(Fenced)` when this owner/epoch no
+    /// longer holds the session.
+    pub async fn put_checkpoint(&self, key: &SessionKey, owner: &Owner, epoch: Epoch, data: &[u8]) -> Result<()> {
+        put_checkpoint(&self.pool, key, owner, epoch, data).await
+    }
+
+    /// Check the fence without writing (event publishes); `Err(Fenced)` when stale.
+    pub async fn check_fence(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<()> {
+        let row = sqlx::query(CHECK_FENCE_SQL)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(epoch.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("check fence"))?;
+        row.map(drop).ok_or_else(|| Error::Fenced { key: key.clone(), epoch })
+    }
+
+    pub async fn get_checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>> {
+        let row = sqlx::query(GET_CHECKPOINT_SQL)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("get checkpoint"))?;
+        Ok(row.map(|row| Checkpoint { epoch: Epoch(row.get("epoch")), data: row.get("data") }))
+    }
+}

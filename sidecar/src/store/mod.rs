@@ -1,0 +1,172 @@
+//! The lease store: session ownership and fenced checkpoints in Postgres (CONTRACT §7).
+//!
+//! Every operation is ONE SQL statement evaluated on the database clock (`now()`); no pod
+//! clock takes part in an ownership decision. Liveness is per process (`agent_nodes`), so
+//! the heartbeat costs one row whatever the number of sessions held.
+
+mod checkpoints;
+mod leases;
+mod nodes;
+
+use std::{fmt, time::Duration};
+
+use sqlx::{postgres::PgPoolOptions, PgPool};
+
+pub use self::{
+    checkpoints::Checkpoint,
+    leases::{Claim, Holder, LeaseInfo},
+    nodes::NodeLease,
+};
+use crate::key::SessionKey;
+
+/// The schema, embedded at compile time (`build.rs` re-runs on change).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// How long a pooled connection attempt may take before the store is reported unreachable:
+/// short, so a turn gets `store_unavailable` quickly instead of hanging on a dead database.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Connections per sidecar: claims, fenced writes and the heartbeat run concurrently.
+pub const DEFAULT_POOL_SIZE: u32 = 16;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The write was rejected by the fence: the lease no longer carries this owner and
+    /// epoch, or a newer epoch already checkpointed.
+    #[error("write to session {key} at epoch {epoch} was fenced")]
+    Fenced { key: SessionKey, epoch: Epoch },
+
+    /// The caller's own node lease has expired (or was revoked): it may not claim.
+    #[error("node lease of {owner} is not live")]
+    NodeNotLive { owner: Owner },
+
+    /// A claim kept finding neither a winner nor a holder (pathological churn).
+    #[error("claim of session {key} did not settle after {attempts} attempts")]
+    ClaimUnsettled { key: SessionKey, attempts: u32 },
+
+    #[error("lease store query failed: {context}")]
+    Database {
+        context: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error("applying migrations failed")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+}
+
+impl Error {
+    /// True when the store itself is unreachable or failing, as opposed to a definite
+    /// answer (fenced, not live). Callers map this to `store_unavailable`.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Database { .. } | Error::ClaimUnsettled { .. })
+    }
+}
+
+/// Attach a short description of the statement to a sqlx error.
+pub(crate) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
+    move |source| Error::Database { context, source }
+}
+
+/// A session lease's generation. Grows by one at every change of hands, never shrinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Epoch(pub i64);
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The identity of one sidecar process: `<node-id>/<boot-id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner {
+    node_id: String,
+    boot_id: String,
+    full: String,
+}
+
+impl Owner {
+    /// A fresh boot of `node_id` with a random boot id.
+    pub fn new_boot(node_id: &str) -> Self {
+        Self::from_parts(node_id, &uuid::Uuid::new_v4().simple().to_string()[..12])
+    }
+
+    pub fn from_parts(node_id: &str, boot_id: &str) -> Self {
+        Owner {
+            node_id: node_id.to_owned(),
+            boot_id: boot_id.to_owned(),
+            full: format!("{node_id}/{boot_id}"),
+        }
+    }
+
+    /// Parse `<node-id>/<boot-id>` as stored in the database. The node id may not
+    /// contain `/` (pod names cannot), so the last `/` separates the two.
+    pub fn parse(full: &str) -> Option<Self> {
+        let (node, boot) = full.rsplit_once('/')?;
+        (!node.is_empty() && !boot.is_empty()).then(|| Self::from_parts(node, boot))
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.full
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.full)
+    }
+}
+
+/// Postgres `interval` input for a TTL, with millisecond precision.
+pub(crate) fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Convert a remaining time reported by the database (ms, may be negative) to a Duration.
+pub(crate) fn remaining(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// Handle to the lease store. Cheap to clone (wraps a connection pool).
+#[derive(Debug, Clone)]
+pub struct LeaseStore {
+    pool: PgPool,
+}
+
+impl LeaseStore {
+    /// Connect lazily: the sidecar must start (and report `store_unavailable`) even while
+    /// the database is down.
+    pub fn connect_lazy(database_url: &str, max_connections: u32) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy(database_url)
+            .map_err(db("parse database url"))?;
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Apply the embedded migrations. Safe to run twice and from several processes at
+    /// once: sqlx serialises concurrent runs with a Postgres advisory lock.
+    pub async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await.map_err(Error::Migrate)
+    }
+}

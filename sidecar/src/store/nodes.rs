@@ -1,0 +1,108 @@
+//! Node leases: one row per sidecar process. Renewing it keeps every session of that
+//! process live; expiring it hands them all back at once.
+
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::{db, remaining, ttl_ms, LeaseStore, Owner, Result};
+
+/// Register a new boot and, in the same statement, expire every earlier boot of the same
+/// node id: that process is dead (a container restart), so its sessions must not wait for
+/// their TTL. `$1` owner, `$2` node id, `$3` peer address, `$4` ttl in ms.
+const REGISTER_SQL: &str = r#"
+WITH earlier AS (
+    UPDATE agent_nodes SET expires_at = now()
+    WHERE node_id = $2 AND owner <> $1 AND expires_at > now()
+    RETURNING owner
+)
+INSERT INTO agent_nodes (owner, node_id, peer_addr, started_at, renewed_at, expires_at)
+VALUES ($1, $2, $3, now(), now(), now() + $4 * interval '1 millisecond')
+RETURNING (SELECT count(*) FROM earlier) AS revoked
+"#;
+
+/// The heartbeat: extend this boot's node lease, one row whatever the number of sessions.
+/// Only while it is still live: an expired node lease is never resurrected (its sessions
+/// may already have been taken over).
+const RENEW_SQL: &str = r#"
+UPDATE agent_nodes SET expires_at = now() + $2 * interval '1 millisecond', renewed_at = now()
+WHERE owner = $1 AND expires_at > now()
+RETURNING (extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining_ms
+"#;
+
+/// Drain: expire this boot's node lease so every session it holds is claimable at once.
+/// Returns how many sessions were attached to it.
+const HAND_BACK_SQL: &str = r#"
+WITH gone AS (
+    UPDATE agent_nodes SET expires_at = now()
+    WHERE owner = $1 AND expires_at > now()
+    RETURNING owner
+)
+SELECT count(*) AS sessions FROM agent_leases l JOIN gone ON l.owner = gone.owner
+WHERE NOT l.released
+"#;
+
+/// A dead pod: expire the node lease of every live boot of `$1`.
+const REVOKE_NODE_SQL: &str = r#"
+WITH gone AS (
+    UPDATE agent_nodes SET expires_at = now()
+    WHERE node_id = $1 AND expires_at > now()
+    RETURNING owner
+)
+SELECT count(*) AS sessions FROM agent_leases l JOIN gone ON l.owner = gone.owner
+WHERE NOT l.released
+"#;
+
+/// A live node lease as the database granted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLease {
+    pub owner: Owner,
+    /// Time left on the database clock when the statement ran.
+    pub remaining: Duration,
+}
+
+impl LeaseStore {
+    /// Register `owner` as a new live boot for `ttl`, revoking earlier boots of its node
+    /// id in the same statement. Returns how many earlier boots were revoked.
+    pub async fn register_boot(&self, owner: &Owner, peer_addr: &str, ttl: Duration) -> Result<u64> {
+        let row = sqlx::query(REGISTER_SQL)
+            .bind(owner.as_str())
+            .bind(owner.node_id())
+            .bind(peer_addr)
+            .bind(ttl_ms(ttl))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("register boot"))?;
+        Ok(row.get::<i64, _>("revoked").unsigned_abs())
+    }
+
+    /// Renew this boot's node lease, and with it every session it holds, in one
+    /// single-row statement. `None`: the node lease had expired or was revoked; every
+    /// session of this boot is lost and the process must register a new boot.
+    pub async fn renew_all(&self, owner: &Owner, ttl: Duration) -> Result<Option<NodeLease>> {
+        let row = sqlx::query(RENEW_SQL)
+            .bind(owner.as_str())
+            .bind(ttl_ms(ttl))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("renew node lease"))?;
+        Ok(row.map(|row| NodeLease { owner: owner.clone(), remaining: remaining(row.get("remaining_ms")) }))
+    }
+
+    /// Hand every session of this boot back in one statement (drain). Returns how many
+    /// sessions became claimable.
+    pub async fn hand_back_all(&self, owner: &Owner) -> Result<u64> {
+        self.expire(HAND_BACK_SQL, owner.as_str(), "hand back").await
+    }
+
+    /// Expire every live boot of `node_id` (a pod Kubernetes reports gone or failed).
+    /// Returns how many sessions became claimable.
+    pub async fn revoke_node(&self, node_id: &str) -> Result<u64> {
+        self.expire(REVOKE_NODE_SQL, node_id, "revoke node").await
+    }
+
+    async fn expire(&self, sql: &'static str, who: &str, context: &'static str) -> Result<u64> {
+        let row = sqlx::query(sql).bind(who).fetch_one(&self.pool).await.map_err(db(context))?;
+        Ok(row.get::<i64, _>("sessions").unsigned_abs())
+    }
+}
