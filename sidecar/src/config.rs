@@ -14,7 +14,11 @@ fn duration(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "leasehold-sidecar", version, about = "One writer per session: leases in Postgres, fenced writes")]
+#[command(
+    name = "leasehold-sidecar",
+    version,
+    about = "One writer per session: leases in Postgres, fenced writes"
+)]
 #[command(subcommand_negates_reqs = true)]
 pub struct Cli {
     #[command(subcommand)]
@@ -84,7 +88,12 @@ pub struct RunArgs {
     pub drain_timeout: Duration,
 
     /// Shared secret that authenticates peer requests.
-    #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET", required_unless_present = "insecure_peer", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "LEASEHOLD_CLUSTER_SECRET",
+        required_unless_present = "insecure_peer",
+        hide_env_values = true
+    )]
     pub cluster_secret: Option<String>,
 
     /// Accept and send unauthenticated peer requests (development only).
@@ -144,7 +153,8 @@ impl RunArgs {
         let advertise_peer_addr = match (&self.advertise_peer_addr, env("POD_IP")) {
             (Some(addr), _) => addr.clone(),
             (None, Some(ip)) => SocketAddr::new(
-                ip.parse().map_err(|_| invalid("--advertise-peer-addr", format!("POD_IP {ip:?} is not an IP")))?,
+                ip.parse()
+                    .map_err(|_| invalid("--advertise-peer-addr", format!("POD_IP {ip:?} is not an IP")))?,
                 self.peer_listen.port(),
             )
             .to_string(),

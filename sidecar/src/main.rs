@@ -10,7 +10,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => return e.print().map_or(ExitCode::FAILURE, |()| ExitCode::SUCCESS),
         // Bad configuration: one clear line naming the flag.
-        Err(e) => return runtime::fail(e.render().to_string().lines().next().unwrap_or("invalid arguments")),
+        Err(e) => return runtime::fail(&runtime::one_line(&e.render().to_string())),
     };
     runtime::init_tracing();
     let result = match cli.command {

@@ -21,6 +21,12 @@ pub fn fail(line: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Fold clap's multi-line error (message, then usage) into its first paragraph on one line.
+pub fn one_line(rendered: &str) -> String {
+    let paragraph: Vec<&str> = rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+    paragraph.join(" ")
+}
+
 pub fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -31,7 +37,7 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(fut: F) -> 
 
 /// `leasehold-sidecar migrate`: apply the schema and exit.
 pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
-    let store = LeaseStore::connect_lazy(database_url, 2)?;
+    let store = LeaseStore::connect(database_url, 1).await.context("--database-url")?;
     store.migrate().await.context("--database-url: migrating")?;
     tracing::info!("migrations applied");
     Ok(())

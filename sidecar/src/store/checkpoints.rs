@@ -69,7 +69,13 @@ pub async fn put_checkpoint<'e>(
 impl LeaseStore {
     /// Write a checkpoint through the fence; `Err(Fenced)` when this owner/epoch no
     /// longer holds the session.
-    pub async fn put_checkpoint(&self, key: &SessionKey, owner: &Owner, epoch: Epoch, data: &[u8]) -> Result<()> {
+    pub async fn put_checkpoint(
+        &self,
+        key: &SessionKey,
+        owner: &Owner,
+        epoch: Epoch,
+        data: &[u8],
+    ) -> Result<()> {
         put_checkpoint(&self.pool, key, owner, epoch, data).await
     }
 

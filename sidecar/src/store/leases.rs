@@ -24,7 +24,7 @@ const CLAIM_ATTEMPTS: u32 = 5;
 /// The caller's own node row must be live (`me`), else nothing is written. Under READ
 /// COMMITTED a claim that lost a race against a concurrent first insert finds no holder
 /// in its snapshot: the answer is then empty and the caller re-runs it (never "free").
-pub(crate) const CLAIM_SQL: &str = r#"
+pub const CLAIM_SQL: &str = r#"
 WITH me AS (
     SELECT owner FROM agent_nodes WHERE owner = $2 AND expires_at > now()
 ),
@@ -226,11 +226,8 @@ impl LeaseStore {
     /// Every session attached to `owner` that it has not released. They are live
     /// exactly as long as the owner's node lease is.
     pub async fn held(&self, owner: &Owner) -> Result<Vec<(SessionKey, Epoch)>> {
-        let rows = sqlx::query(HELD_SQL)
-            .bind(owner.as_str())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("held"))?;
+        let rows =
+            sqlx::query(HELD_SQL).bind(owner.as_str()).fetch_all(&self.pool).await.map_err(db("held"))?;
         rows.into_iter()
             .map(|row| {
                 let key: String = row.get("agent_key");

@@ -4,8 +4,8 @@
 //! clock takes part in an ownership decision. Liveness is per process (`agent_nodes`), so
 //! the heartbeat costs one row whatever the number of sessions held.
 
-mod checkpoints;
-mod leases;
+pub mod checkpoints;
+pub mod leases;
 mod nodes;
 
 use std::{fmt, time::Duration};
@@ -46,7 +46,7 @@ pub enum Error {
     #[error("claim of session {key} did not settle after {attempts} attempts")]
     ClaimUnsettled { key: SessionKey, attempts: u32 },
 
-    #[error("lease store query failed: {context}")]
+    #[error("lease store: {context} failed")]
     Database {
         context: &'static str,
         #[source]
@@ -153,6 +153,17 @@ impl LeaseStore {
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy(database_url)
             .map_err(db("parse database url"))?;
+        Ok(Self { pool })
+    }
+
+    /// Connect now, failing fast when the database is unreachable (`migrate`).
+    pub async fn connect(database_url: &str, max_connections: u32) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect(database_url)
+            .await
+            .map_err(db("connect"))?;
         Ok(Self { pool })
     }
 

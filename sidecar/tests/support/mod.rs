@@ -11,8 +11,9 @@ use leasehold_sidecar::{
 use sqlx::{postgres::PgPoolOptions, Connection, PgConnection};
 
 pub fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set: run the tests with `make test` (scripts/with-postgres.sh starts Postgres)")
+    std::env::var("DATABASE_URL").expect(
+        "DATABASE_URL is not set: run the tests with `make test` (scripts/with-postgres.sh starts Postgres)",
+    )
 }
 
 /// Replace the database name in a postgres URL.

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Everything the build and the tests need on a fresh Debian machine. Idempotent; each
+# step is a quick check when already done.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+# Rust toolchain (rustup is preinstalled on our machines; make sure cargo is on PATH).
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || { echo "ensure-deps: cargo not found; install rustup" >&2; exit 1; }
+for component in rustfmt clippy; do
+  rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component" >&2
+done
+
+# PostgreSQL server binaries for the throwaway test databases.
+"$here/ensure-postgres.sh" >/dev/null

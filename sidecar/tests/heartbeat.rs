@@ -1,0 +1,105 @@
+//! The supervised heartbeat against a real Postgres.
+
+mod support;
+
+use std::time::Duration;
+
+use leasehold_sidecar::{
+    heartbeat::{Error, Heartbeat},
+    store::{Claim, Epoch, LeaseStore},
+};
+use support::{boot, key, store, LONG_TTL};
+use tokio::time::{timeout, Instant};
+
+fn heartbeat(store: &LeaseStore, node: &str, ttl_ms: u64, interval_ms: u64) -> Heartbeat {
+    Heartbeat {
+        store: store.clone(),
+        node_id: node.into(),
+        peer_addr: "127.0.0.1:9".into(),
+        ttl: Duration::from_millis(ttl_ms),
+        interval: Duration::from_millis(interval_ms),
+    }
+}
+
+#[tokio::test]
+async fn renews_on_its_own_timer_so_sessions_outlive_the_ttl() {
+    let store = store().await;
+    let mut hb = heartbeat(&store, "node-a", 400, 100).start().await.unwrap();
+    let owner = hb.state.borrow().owner.clone();
+    assert_eq!(store.claim(&key("s1"), &owner).await.unwrap(), Claim::Claimed { epoch: Epoch(1) });
+    let first_deadline = hb.state.borrow().live_until.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // ~4 TTLs with no turn at all
+    let info = store.lookup(&key("s1")).await.unwrap();
+    assert_eq!(info.holder.expect("still live").owner, owner);
+    let state = hb.state.borrow().clone();
+    assert_eq!(state.owner, owner, "no loss, same boot");
+    assert!(state.live_until.unwrap() > first_deadline + Duration::from_millis(1000));
+    assert!(state.certainly_live(Instant::now()));
+    hb.stop().await.unwrap();
+    // stopped: the lease now lapses on its own
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(store.lookup(&key("s1")).await.unwrap().claimable());
+}
+
+#[tokio::test]
+async fn a_revoked_node_lease_is_reported_lost_and_a_new_boot_registers() {
+    let store = store().await;
+    let mut hb = heartbeat(&store, "node-a", 1000, 100).start().await.unwrap();
+    let first = hb.state.borrow().owner.clone();
+    store.claim(&key("s1"), &first).await.unwrap();
+    store.revoke_node("node-a").await.unwrap(); // e.g. the operator thought the pod dead
+
+    let lost = timeout(Duration::from_secs(2), hb.lost.recv()).await.expect("loss reported").unwrap();
+    assert_eq!(lost, first);
+    // A new boot follows; the old one is never resurrected.
+    let mut state = hb.state.clone();
+    let fresh =
+        timeout(Duration::from_secs(2), state.wait_for(|s| s.owner != first && s.live_until.is_some()))
+            .await
+            .expect("new boot registered")
+            .unwrap()
+            .owner
+            .clone();
+    assert_eq!(fresh.node_id(), "node-a");
+    assert_eq!(store.renew_all(&first, LONG_TTL).await.unwrap(), None);
+    assert_eq!(store.claim(&key("s1"), &fresh).await.unwrap(), Claim::TookOver { epoch: Epoch(2) });
+    hb.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_process_learns_its_loss_and_is_fenced() {
+    let store = store().await;
+    let mut hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
+    let a = hb.state.borrow().owner.clone();
+    store.claim(&key("s1"), &a).await.unwrap();
+    // Simulate a long pause of the renewals: stop them, let the lease lapse, another node
+    // takes over. (The cluster tests do this with SIGSTOP on a real process.)
+    hb.stop().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = boot(&store, "node-b", LONG_TTL).await;
+    assert_eq!(store.claim(&key("s1"), &b).await.unwrap(), Claim::TookOver { epoch: Epoch(2) });
+    assert!(store.put_checkpoint(&key("s1"), &a, Epoch(1), b"late").await.is_err());
+    let mut hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
+    assert_ne!(hb.state.borrow().owner, a, "a restart is a new boot");
+    hb.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_process_notices_when_the_heartbeat_cannot_go_on() {
+    let store = store().await;
+    let mut hb = heartbeat(&store, "node-a", 1000, 100).start().await.unwrap();
+    store.pool().close().await; // renewing has become impossible
+    let ended = timeout(Duration::from_secs(2), &mut hb.task).await.expect("task ended").unwrap();
+    assert!(matches!(ended, Err(Error::Store(_))), "{ended:?}");
+    assert!(!hb.state.borrow().certainly_live(Instant::now() + Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn the_first_registration_failing_fails_start() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap();
+    let store = LeaseStore::from_pool(pool);
+    assert!(heartbeat(&store, "node-a", 1000, 100).start().await.is_err());
+}
