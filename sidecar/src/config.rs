@@ -100,6 +100,10 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_INSECURE_PEER")]
     pub insecure_peer: bool,
 
+    /// Largest accepted turn or event body, in bytes (`413` above).
+    #[arg(long, env = "LEASEHOLD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
     /// Apply migrations at start.
     #[arg(long, env = "LEASEHOLD_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,

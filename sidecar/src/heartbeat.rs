@@ -21,8 +21,6 @@ use crate::store::{self, LeaseStore, Owner};
 pub enum Error {
     #[error("heartbeat could not reach the lease store")]
     Store(#[from] store::Error),
-    #[error("heartbeat task died")]
-    Died(#[source] tokio::task::JoinError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -52,11 +50,18 @@ pub struct NodeState {
     pub owner: Owner,
     /// `None` while not registered or after a loss; otherwise the monotonic deadline.
     pub live_until: Option<Instant>,
+    /// Whether the last beat reached the lease store.
+    pub store_reachable: bool,
 }
 
 impl NodeState {
     pub fn certainly_live(&self, now: Instant) -> bool {
         self.live_until.is_some_and(|until| now < until)
+    }
+
+    /// Ready to take work: registered, certainly live, and the store answered last beat.
+    pub fn ready(&self, now: Instant) -> bool {
+        self.store_reachable && self.certainly_live(now)
     }
 }
 
@@ -78,18 +83,43 @@ pub struct HeartbeatHandle {
     pub lost: mpsc::Receiver<Owner>,
     /// Ends with `Err` only on an unrecoverable failure; the process must exit then.
     pub task: JoinHandle<Result<()>>,
-    cancel: CancellationToken,
+    stopper: Stopper,
 }
 
 impl HeartbeatHandle {
-    /// Stop renewing (drain calls this before handing the leases back) and wait for the
-    /// task to finish its current beat.
-    pub async fn stop(&mut self) -> Result<()> {
+    /// A handle that can stop the heartbeat from elsewhere (the drain).
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// Stop renewing and wait until the current beat has finished.
+    pub async fn stop(&self) {
+        self.stopper.stop().await
+    }
+}
+
+/// Stops the heartbeat: cancels the timer and waits until no beat is in flight, so a
+/// hand-back that follows cannot race a renewal (which would register a new boot).
+#[derive(Debug, Clone)]
+pub struct Stopper {
+    cancel: CancellationToken,
+    finished: watch::Receiver<bool>,
+}
+
+impl Stopper {
+    pub async fn stop(&self) {
         self.cancel.cancel();
-        match (&mut self.task).await {
-            Ok(result) => result,
-            Err(join) => Err(Error::Died(join)),
-        }
+        let mut finished = self.finished.clone();
+        let _ = finished.wait_for(|done| *done).await; // Err: the task is gone, equally done
+    }
+}
+
+/// Marks the task finished however it ends, panics included.
+struct FinishedOnDrop(watch::Sender<bool>);
+
+impl Drop for FinishedOnDrop {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
     }
 }
 
@@ -103,11 +133,16 @@ impl Heartbeat {
         let revoked = self.store.register_boot(&owner, &self.peer_addr, self.ttl).await?;
         tracing::info!(%owner, revoked_earlier_boots = revoked, "registered node lease");
         let live_until = Some(certainly_live_until(sent, self.ttl));
-        let (state_tx, state) = watch::channel(NodeState { owner, live_until });
+        let (state_tx, state) = watch::channel(NodeState { owner, live_until, store_reachable: true });
         let (lost_tx, lost) = mpsc::channel(LOST_CHANNEL_CAPACITY);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(self.run(state_tx, lost_tx, cancel.clone()));
-        Ok(HeartbeatHandle { state, lost, task, cancel })
+        let (finished_tx, finished) = watch::channel(false);
+        let run = self.run(state_tx, lost_tx, cancel.clone());
+        let task = tokio::spawn(async move {
+            let _finished = FinishedOnDrop(finished_tx);
+            run.await
+        });
+        Ok(HeartbeatHandle { state, lost, task, stopper: Stopper { cancel, finished } })
     }
 
     async fn run(
@@ -134,19 +169,28 @@ impl Heartbeat {
                     }
                     registered = true;
                     let live_until = Some(certainly_live_until(sent, self.ttl));
-                    state.send_modify(|s| *s = NodeState { owner: live, live_until });
+                    state.send_modify(|s| *s = NodeState { owner: live, live_until, store_reachable: true });
                 }
                 Ok(Ok(None)) => {
                     tracing::warn!(%owner, "node lease expired or was revoked: every session of this boot is lost");
                     registered = false;
-                    state.send_modify(|s| s.live_until = None);
+                    state.send_modify(|s| {
+                        s.live_until = None;
+                        s.store_reachable = true;
+                    });
                     if lost.send(owner).await.is_err() {
                         return Ok(()); // nobody listens: the process is shutting down
                     }
                 }
                 Ok(Err(e)) if is_fatal(&e) => return Err(e.into()),
-                Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed; will retry"),
-                Err(_) => tracing::warn!(timeout = ?self.interval, "heartbeat timed out; will retry"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "heartbeat failed; will retry");
+                    state.send_modify(|s| s.store_reachable = false);
+                }
+                Err(_) => {
+                    tracing::warn!(timeout = ?self.interval, "heartbeat timed out; will retry");
+                    state.send_modify(|s| s.store_reachable = false);
+                }
             }
         }
     }
@@ -185,9 +229,15 @@ mod tests {
     fn live_only_before_the_deadline() {
         let now = Instant::now();
         let owner = Owner::from_parts("n", "b");
-        let state = NodeState { owner: owner.clone(), live_until: Some(now + Duration::from_secs(1)) };
-        assert!(state.certainly_live(now));
+        let mut state = NodeState {
+            owner: owner.clone(),
+            live_until: Some(now + Duration::from_secs(1)),
+            store_reachable: true,
+        };
+        assert!(state.certainly_live(now) && state.ready(now));
         assert!(!state.certainly_live(now + Duration::from_secs(1)));
-        assert!(!NodeState { owner, live_until: None }.certainly_live(now));
+        state.store_reachable = false;
+        assert!(state.certainly_live(now) && !state.ready(now), "live but the store is unreachable");
+        assert!(!NodeState { owner, live_until: None, store_reachable: true }.certainly_live(now));
     }
 }

@@ -3,17 +3,29 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use std::{net::SocketAddr, time::Duration};
+
 use leasehold_sidecar::{
+    app::{notify_stand_downs, Listeners, Sidecar},
     config::Config,
-    heartbeat::Heartbeat,
+    dispatch::Agent,
+    heartbeat::{Heartbeat, HeartbeatHandle},
     store::{LeaseStore, DEFAULT_POOL_SIZE},
 };
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::{
+    net::TcpListener,
+    signal::unix::{signal, SignalKind},
+};
+use tokio_util::sync::CancellationToken;
 
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 pub fn fail(line: &str) -> ExitCode {
@@ -43,37 +55,84 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Start-up order: migrate (unless disabled) → register this boot, revoking earlier
-/// boots of the node id → heartbeat. Runs until SIGTERM/SIGINT, then hands every lease
-/// back in one statement.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let store = LeaseStore::connect_lazy(&config.database_url, DEFAULT_POOL_SIZE)?;
-    if config.args.migrate {
-        store.migrate().await.context("applying migrations at start")?;
-    }
-    let heartbeat = Heartbeat {
-        store: store.clone(),
-        node_id: config.node_id.clone(),
-        peer_addr: config.advertise_peer_addr.clone(),
-        ttl: config.args.lease_ttl,
-        interval: config.args.heartbeat_interval,
+/// Pause between start-up attempts while the database is unreachable.
+const STARTUP_RETRY: Duration = Duration::from_secs(2);
+
+/// Bind every listener first, so a taken port fails start-up with the flag's name.
+async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+    let args = &config.args;
+    let bind = |flag: &'static str, addr: SocketAddr| async move {
+        TcpListener::bind(addr).await.with_context(|| format!("{flag}: cannot listen on {addr}"))
     };
-    let mut heartbeat = heartbeat.start().await.context("registering the node lease")?;
+    Ok(Listeners {
+        public: bind("--public-listen", args.public_listen).await?,
+        peer: bind("--peer-listen", args.peer_listen).await?,
+        agent: bind("--agent-listen", args.agent_listen).await?,
+        admin: bind("--admin-listen", args.admin_listen).await?,
+    })
+}
+
+/// Migrate (unless disabled) and register this boot, revoking earlier boots of the node
+/// id; retried while the database is unreachable.
+async fn start_heartbeat(config: &Config, store: &LeaseStore) -> HeartbeatHandle {
+    loop {
+        let attempt = async {
+            if config.args.migrate {
+                store.migrate().await.context("applying migrations")?;
+            }
+            let heartbeat = Heartbeat {
+                store: store.clone(),
+                node_id: config.node_id.clone(),
+                peer_addr: config.advertise_peer_addr.clone(),
+                ttl: config.args.lease_ttl,
+                interval: config.args.heartbeat_interval,
+            };
+            heartbeat.start().await.context("registering the node lease")
+        };
+        match attempt.await {
+            Ok(handle) => return handle,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "start-up: lease store not usable yet; retrying");
+                tokio::time::sleep(STARTUP_RETRY).await;
+            }
+        }
+    }
+}
+
+/// Start-up order: bind → migrate → register this boot (revoking earlier boots) →
+/// heartbeat → serve. Runs until SIGTERM/SIGINT; then drains (idempotent: a drain already
+/// done through the admin port returns at once) and exits.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let listeners = bind(&config).await?;
+    let store =
+        LeaseStore::connect_lazy(&config.database_url, DEFAULT_POOL_SIZE).context("--database-url")?;
+    let mut heartbeat = start_heartbeat(&config, &store).await;
+    let (app, stood_down) = Sidecar::new(&config, store, &heartbeat);
+    tokio::spawn(notify_stand_downs(Agent::new(&config.args.agent_url), stood_down));
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(app.clone().serve(listeners, shutdown.clone()));
+    tracing::info!(node_id = %config.node_id, peer = %config.advertise_peer_addr, "ready to serve");
+
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut heartbeat_running = true;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            result = &mut heartbeat.task => {
-                anyhow::bail!("heartbeat stopped: {:?}", result.map(|r| r.map_err(|e| e.to_string())));
+            ended = &mut heartbeat.task, if heartbeat_running => {
+                heartbeat_running = false;
+                // A drain stops the heartbeat on purpose; anything else is fatal.
+                if !app.drain.is_draining() {
+                    anyhow::bail!("heartbeat stopped: {:?}", ended.map(|r| r.map_err(|e| e.to_string())));
+                }
             }
-            Some(lost) = heartbeat.lost.recv() => tracing::warn!(%lost, "lost every session of a boot"),
+            Some(lost) = heartbeat.lost.recv() => app.ownership.lose_boot(&lost),
         }
     }
-    heartbeat.stop().await.context("stopping the heartbeat")?;
-    let owner = heartbeat.state.borrow().owner.clone();
-    let handed_back = store.hand_back_all(&owner).await.context("handing leases back")?;
-    tracing::info!(%owner, handed_back, "shut down");
+    let report = app.drain.run().await.context("draining at shutdown")?;
+    tracing::info!(?report, "shutting down");
+    shutdown.cancel();
+    server.await.context("server task")?;
     Ok(())
 }

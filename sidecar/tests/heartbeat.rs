@@ -24,7 +24,7 @@ fn heartbeat(store: &LeaseStore, node: &str, ttl_ms: u64, interval_ms: u64) -> H
 #[tokio::test]
 async fn renews_on_its_own_timer_so_sessions_outlive_the_ttl() {
     let store = store().await;
-    let mut hb = heartbeat(&store, "node-a", 400, 100).start().await.unwrap();
+    let hb = heartbeat(&store, "node-a", 400, 100).start().await.unwrap();
     let owner = hb.state.borrow().owner.clone();
     assert_eq!(store.claim(&key("s1"), &owner).await.unwrap(), Claim::Claimed { epoch: Epoch(1) });
     let first_deadline = hb.state.borrow().live_until.unwrap();
@@ -35,7 +35,7 @@ async fn renews_on_its_own_timer_so_sessions_outlive_the_ttl() {
     assert_eq!(state.owner, owner, "no loss, same boot");
     assert!(state.live_until.unwrap() > first_deadline + Duration::from_millis(1000));
     assert!(state.certainly_live(Instant::now()));
-    hb.stop().await.unwrap();
+    hb.stop().await;
     // stopped: the lease now lapses on its own
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(store.lookup(&key("s1")).await.unwrap().claimable());
@@ -63,25 +63,25 @@ async fn a_revoked_node_lease_is_reported_lost_and_a_new_boot_registers() {
     assert_eq!(fresh.node_id(), "node-a");
     assert_eq!(store.renew_all(&first, LONG_TTL).await.unwrap(), None);
     assert_eq!(store.claim(&key("s1"), &fresh).await.unwrap(), Claim::TookOver { epoch: Epoch(2) });
-    hb.stop().await.unwrap();
+    hb.stop().await;
 }
 
 #[tokio::test]
 async fn a_paused_process_learns_its_loss_and_is_fenced() {
     let store = store().await;
-    let mut hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
+    let hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
     let a = hb.state.borrow().owner.clone();
     store.claim(&key("s1"), &a).await.unwrap();
     // Simulate a long pause of the renewals: stop them, let the lease lapse, another node
     // takes over. (The cluster tests do this with SIGSTOP on a real process.)
-    hb.stop().await.unwrap();
+    hb.stop().await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let b = boot(&store, "node-b", LONG_TTL).await;
     assert_eq!(store.claim(&key("s1"), &b).await.unwrap(), Claim::TookOver { epoch: Epoch(2) });
     assert!(store.put_checkpoint(&key("s1"), &a, Epoch(1), b"late").await.is_err());
-    let mut hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
+    let hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
     assert_ne!(hb.state.borrow().owner, a, "a restart is a new boot");
-    hb.stop().await.unwrap();
+    hb.stop().await;
 }
 
 #[tokio::test]

@@ -1,0 +1,98 @@
+//! The agent side of the sidecar's agent API (CONTRACT §5).
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// How a write through the sidecar ended, when it did not land.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// `409`: this node no longer owns the session; stop at once.
+    #[error("fenced")]
+    Fenced,
+    /// Any other refusal (e.g. `503 store_unavailable`): passed back to the client as is.
+    #[error("sidecar refused with {status}")]
+    Refused { status: StatusCode, retry_after: Option<String>, body: Bytes },
+    #[error("sidecar unreachable")]
+    Http(#[from] reqwest::Error),
+}
+
+/// The conversation state kept in the checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct State {
+    pub history: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Sidecar {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Sidecar {
+    pub fn new(base: &str) -> Self {
+        Sidecar { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_owned() }
+    }
+
+    fn url(&self, key: &str, rest: &str) -> String {
+        format!("{}/v1/sessions/{key}/{rest}", self.base)
+    }
+
+    async fn check(response: reqwest::Response) -> Result<reqwest::Response, WriteError> {
+        match response.status() {
+            s if s.is_success() => Ok(response),
+            StatusCode::CONFLICT => Err(WriteError::Fenced),
+            status => {
+                let retry_after =
+                    response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                Err(WriteError::Refused { status, retry_after, body: response.bytes().await? })
+            }
+        }
+    }
+
+    /// Thaw: the checkpointed state, or a fresh one when there is none.
+    pub async fn thaw(&self, key: &str) -> Result<State, WriteError> {
+        let response = self.http.get(self.url(key, "checkpoint")).send().await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(State::default());
+        }
+        let bytes = Self::check(response).await?.bytes().await?;
+        Ok(serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    pub async fn checkpoint(&self, key: &str, epoch: i64, state: &State) -> Result<(), WriteError> {
+        let body = serde_json::to_vec(state).expect("state serialises");
+        let response = self
+            .http
+            .put(self.url(key, "checkpoint"))
+            .header("leasehold-epoch", epoch)
+            .body(body)
+            .send()
+            .await?;
+        Self::check(response).await.map(drop)
+    }
+
+    pub async fn publish(
+        &self,
+        key: &str,
+        epoch: i64,
+        kind: &str,
+        data: serde_json::Value,
+    ) -> Result<(), WriteError> {
+        let response = self
+            .http
+            .post(self.url(key, "events"))
+            .header("leasehold-epoch", epoch)
+            .json(&json!({ "type": kind, "data": data }))
+            .send()
+            .await?;
+        Self::check(response).await.map(drop)
+    }
+
+    pub async fn release(&self, key: &str, epoch: i64) -> Result<(), WriteError> {
+        let response =
+            self.http.delete(self.url(key, "lease")).header("leasehold-epoch", epoch).send().await?;
+        Self::check(response).await.map(drop)
+    }
+}

@@ -1,0 +1,98 @@
+//! The agent API (CONTRACT §5): thaw, fenced checkpoint, fenced publish, idle release.
+//! Every write carries the epoch the turn was dispatched with.
+
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::{
+    key::SessionKey,
+    metrics::Metrics,
+    observe::{EventId, Hubs},
+    ownership::{Ownership, StandDownReason},
+    store::{self, Checkpoint, Epoch},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// This node no longer owns the session at that epoch: the turn must halt.
+    #[error("fenced")]
+    Fenced,
+    #[error("lease store unavailable")]
+    Unavailable(#[source] store::Error),
+}
+
+#[derive(Debug)]
+pub struct AgentApi {
+    pub ownership: Arc<Ownership>,
+    pub hubs: Arc<Hubs>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AgentApi {
+    fn fenced(&self, key: &SessionKey, epoch: Epoch) -> WriteError {
+        self.metrics.fenced_write();
+        self.ownership.stand_down(key, epoch, StandDownReason::Fenced);
+        WriteError::Fenced
+    }
+
+    fn store_error(&self, key: &SessionKey, epoch: Epoch, e: store::Error) -> WriteError {
+        match e {
+            store::Error::Fenced { .. } => self.fenced(key, epoch),
+            e => {
+                self.metrics.store_error();
+                WriteError::Unavailable(e)
+            }
+        }
+    }
+
+    pub async fn checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>, store::Error> {
+        self.ownership.store().get_checkpoint(key).await.inspect_err(|_| self.metrics.store_error())
+    }
+
+    /// Write through the fence. A write for an epoch we do not hold never reaches the
+    /// database; one the database rejects stands the session down.
+    pub async fn put_checkpoint(
+        &self,
+        key: &SessionKey,
+        epoch: Epoch,
+        data: &[u8],
+    ) -> Result<(), WriteError> {
+        let Some(lease) = self.ownership.local(key, epoch) else {
+            return Err(self.fenced(key, epoch));
+        };
+        let store = self.ownership.store();
+        store
+            .put_checkpoint(key, &lease.owner, epoch, data)
+            .await
+            .map_err(|e| self.store_error(key, epoch, e))
+    }
+
+    /// Publish an event to every observer, after the same lease check as a checkpoint.
+    pub async fn publish(
+        &self,
+        key: &SessionKey,
+        epoch: Epoch,
+        kind: String,
+        data: Box<RawValue>,
+    ) -> Result<EventId, WriteError> {
+        let Some(lease) = self.ownership.local(key, epoch) else {
+            return Err(self.fenced(key, epoch));
+        };
+        let store = self.ownership.store();
+        store.check_fence(key, &lease.owner, epoch).await.map_err(|e| self.store_error(key, epoch, e))?;
+        if lease.halt.is_cancelled() {
+            return Err(WriteError::Fenced); // stood down while we checked
+        }
+        Ok(self.hubs.publish(key, epoch, kind, data))
+    }
+
+    /// The session idled out: release it (claimable at once) and stop holding it.
+    pub async fn release(&self, key: &SessionKey, epoch: Epoch) -> Result<(), WriteError> {
+        match self.ownership.release(key, epoch).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(WriteError::Fenced),
+            Err(e) => Err(self.store_error(key, epoch, e)),
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! A small client of the public API that honours retry directives (CONTRACT §3): on a
+//! `503` with a directive it re-sends after `delay_ms` and gives up after `budget_ms`;
+//! without a directive it surfaces the answer and never invents a retry. A node that
+//! refuses the connection never saw the request, so the next node is tried, as a load
+//! balancer would.
+
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::{
+    directive::RefusalBody,
+    dispatch::{EPOCH_HEADER, OWNER_HEADER},
+};
+
+/// A request that cannot even connect within this is treated as a node that is down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Generous bound on one attempt: long turns are normal; a hung one is surfaced.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The final answer to a request, after any directed retries.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub owner: Option<String>,
+    pub epoch: Option<i64>,
+    pub body: Bytes,
+    /// The directive codes obeyed on the way, in order.
+    pub directives: Vec<String>,
+    /// Which node (index into the client's list) gave the final answer.
+    pub node: usize,
+}
+
+impl Answer {
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The directives' budget ran out; the last refusal is returned.
+    #[error("gave up after the retry budget: last refusal {}", .0.error)]
+    GaveUp(RefusalBody, Vec<String>),
+    /// No node accepted the connection.
+    #[error("no node reachable")]
+    Unreachable(#[source] reqwest::Error),
+    /// A failure with no directive (e.g. the connection broke mid-answer).
+    #[error("request failed")]
+    Http(#[source] reqwest::Error),
+}
+
+/// Round-robin over a list of node base URLs (`http://127.0.0.2:8080`).
+#[derive(Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    nodes: Vec<String>,
+    next: AtomicUsize,
+}
+
+impl Client {
+    pub fn new(nodes: Vec<String>) -> Self {
+        assert!(!nodes.is_empty(), "a client needs at least one node");
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .expect("static client configuration");
+        Client { http, nodes, next: AtomicUsize::new(0) }
+    }
+
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// POST a turn for `key` (JSON body), to the next node in turn.
+    pub async fn turn(&self, key: &str, body: &serde_json::Value) -> Result<Answer, ClientError> {
+        self.post(&format!("/v1/sessions/{key}/turns"), body.to_string().into(), None).await
+    }
+
+    /// POST an event for `key`.
+    pub async fn event(&self, key: &str, body: &serde_json::Value) -> Result<Answer, ClientError> {
+        self.post(&format!("/v1/sessions/{key}/events"), body.to_string().into(), None).await
+    }
+
+    /// POST to `path`, starting at node `first` (or round-robin when `None`).
+    pub async fn post(&self, path: &str, body: Bytes, first: Option<usize>) -> Result<Answer, ClientError> {
+        let started = Instant::now();
+        let mut directives = Vec::new();
+        let mut node = first.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % self.nodes.len();
+        let mut refused_connections = 0;
+        loop {
+            let url = format!("{}{path}", self.nodes[node]);
+            let sent = self
+                .http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await;
+            let response = match sent {
+                Ok(response) => response,
+                Err(e) if e.is_connect() && refused_connections + 1 < self.nodes.len() => {
+                    refused_connections += 1;
+                    node = (node + 1) % self.nodes.len();
+                    continue;
+                }
+                Err(e) if e.is_connect() => return Err(ClientError::Unreachable(e)),
+                Err(e) => return Err(ClientError::Http(e)),
+            };
+            refused_connections = 0;
+            let status = response.status().as_u16();
+            let header =
+                |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let (owner, epoch) = (header(OWNER_HEADER), header(EPOCH_HEADER).and_then(|e| e.parse().ok()));
+            let body_bytes = response.bytes().await.map_err(ClientError::Http)?;
+            let refusal =
+                (status == 503).then(|| serde_json::from_slice::<RefusalBody>(&body_bytes).ok()).flatten();
+            match refusal {
+                Some(refusal) if refusal.retry.is_some() => {
+                    let retry = refusal.retry.expect("checked");
+                    directives.push(refusal.error.clone());
+                    let delay = Duration::from_millis(retry.delay_ms);
+                    if started.elapsed() + delay > Duration::from_millis(retry.budget_ms) {
+                        return Err(ClientError::GaveUp(refusal, directives));
+                    }
+                    tokio::time::sleep(delay).await;
+                    node = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
+                }
+                _ => return Ok(Answer { status, owner, epoch, body: body_bytes, directives, node }),
+            }
+        }
+    }
+
+    /// GET `/v1/sessions/{key}` from node `node`.
+    pub async fn session(&self, key: &str, node: usize) -> Result<serde_json::Value, ClientError> {
+        let url = format!("{}/v1/sessions/{key}", self.nodes[node % self.nodes.len()]);
+        let response = self.http.get(url).send().await.map_err(ClientError::Http)?;
+        response.json().await.map_err(ClientError::Http)
+    }
+}

@@ -1,0 +1,131 @@
+//! Refusals and the retry directive (CONTRACT §3).
+//!
+//! A request that cannot run now but may succeed soon gets `503`, `Retry-After` (seconds,
+//! rounded up) and `{"error":"<code>","retry":{"delay_ms":D,"budget_ms":B}}`, with D taken
+//! from the real situation. A failure that may have run the turn remotely is `502
+//! owner_failed` with no directive: retrying it could run the turn twice.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// After a fenced turn the next owner is normally in place within a claim round trip.
+pub const FENCED_DELAY: Duration = Duration::from_millis(100);
+/// A draining pod: the next attempt lands on (or is forwarded to) another pod at once.
+pub const DRAINING_DELAY: Duration = Duration::from_millis(100);
+/// The lease store is unreachable: retry at a pace that does not hammer it.
+pub const STORE_DELAY: Duration = Duration::from_secs(1);
+/// How long clients keep retrying a store outage before surfacing it.
+pub const STORE_BUDGET: Duration = Duration::from_secs(30);
+/// The agent container is not accepting connections (restarting); it is local, so a
+/// short wait suffices.
+pub const AGENT_DELAY: Duration = Duration::from_millis(500);
+
+/// Why a request was refused, with the facts its delay is derived from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Another owner's lease is live but unreachable; it becomes claimable in `remaining`.
+    TakeoverPending { remaining: Duration, ttl: Duration },
+    /// The lease store cannot be reached; nothing runs unfenced.
+    StoreUnavailable,
+    /// This pod is draining.
+    Draining { drain_timeout: Duration },
+    /// A second hop was unreachable too.
+    OwnerUnreachable { ttl: Duration },
+    /// The turn was halted because ownership moved mid-turn.
+    Fenced { ttl: Duration },
+    /// The local agent container refused the connection; the turn did not start.
+    AgentUnavailable,
+}
+
+/// The JSON body of a refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusalBody {
+    pub error: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub retry: Option<Retry>,
+}
+
+/// What a client must do: re-send after `delay_ms`, give up after `budget_ms` in total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retry {
+    pub delay_ms: u64,
+    pub budget_ms: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::TakeoverPending { .. } => "takeover_pending",
+            Refusal::StoreUnavailable => "store_unavailable",
+            Refusal::Draining { .. } => "draining",
+            Refusal::OwnerUnreachable { .. } => "owner_unreachable",
+            Refusal::Fenced { .. } => "fenced",
+            Refusal::AgentUnavailable => "agent_unavailable",
+        }
+    }
+
+    /// Delay and budget. Budgets cover the whole recovery the delay waits for, plus one
+    /// more TTL for the new owner to settle.
+    pub fn retry(&self) -> Retry {
+        let (delay, budget) = match *self {
+            Refusal::TakeoverPending { remaining, ttl } => (remaining, remaining + ttl * 2),
+            Refusal::StoreUnavailable => (STORE_DELAY, STORE_BUDGET),
+            Refusal::Draining { drain_timeout } => (DRAINING_DELAY, drain_timeout),
+            Refusal::OwnerUnreachable { ttl } => (ttl / 3, ttl * 3),
+            Refusal::Fenced { ttl } => (FENCED_DELAY, ttl * 2),
+            Refusal::AgentUnavailable => (AGENT_DELAY, STORE_BUDGET),
+        };
+        Retry { delay_ms: ms(delay).max(1), budget_ms: ms(budget).max(ms(delay)) }
+    }
+
+    /// `Retry-After` in whole seconds, rounded up.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.retry().delay_ms.div_ceil(1000)
+    }
+
+    pub fn body(&self) -> RefusalBody {
+        RefusalBody { error: self.code().to_owned(), retry: Some(self.retry()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn takeover_waits_exactly_the_remaining_ttl() {
+        let r = Refusal::TakeoverPending { remaining: Duration::from_millis(7_250), ttl: TTL };
+        assert_eq!(r.retry(), Retry { delay_ms: 7_250, budget_ms: 37_250 });
+        assert_eq!(r.retry_after_secs(), 8, "rounded up");
+    }
+
+    #[test]
+    fn every_code_has_a_directive_and_retry_after_rounds_up() {
+        for r in [
+            Refusal::TakeoverPending { remaining: Duration::ZERO, ttl: TTL },
+            Refusal::StoreUnavailable,
+            Refusal::Draining { drain_timeout: Duration::from_secs(25) },
+            Refusal::OwnerUnreachable { ttl: TTL },
+            Refusal::Fenced { ttl: TTL },
+            Refusal::AgentUnavailable,
+        ] {
+            let retry = r.retry();
+            assert!(retry.delay_ms >= 1 && retry.budget_ms >= retry.delay_ms, "{r:?}");
+            assert!(r.retry_after_secs() * 1000 >= retry.delay_ms, "{r:?}");
+            assert!(r.retry_after_secs() >= 1);
+        }
+    }
+
+    #[test]
+    fn body_has_the_contract_shape() {
+        let body = serde_json::to_value(Refusal::Fenced { ttl: TTL }.body()).unwrap();
+        assert_eq!(body, serde_json::json!({"error":"fenced","retry":{"delay_ms":100,"budget_ms":30000}}));
+    }
+}

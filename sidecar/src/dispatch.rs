@@ -1,0 +1,85 @@
+//! Calls to the local agent container (CONTRACT §4).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+use crate::{key::SessionKey, store::Epoch};
+
+pub const EPOCH_HEADER: &str = "leasehold-epoch";
+pub const TURN_ID_HEADER: &str = "leasehold-turn-id";
+pub const OWNER_HEADER: &str = "leasehold-owner";
+
+/// The agent is on loopback: a connection that takes longer than this is not coming.
+const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A stand-down is a notification; an agent that cannot take it in this time is stuck,
+/// and the fence protects the data anyway.
+const STAND_DOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the request was a turn from the session's user or an event from elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Turn,
+    Event,
+}
+
+impl Kind {
+    /// The path segment in every API: `/sessions/{key}/turns` or `/events`.
+    pub fn segment(self) -> &'static str {
+        match self {
+            Kind::Turn => "turns",
+            Kind::Event => "events",
+        }
+    }
+}
+
+/// A turn or event as received: opaque body, content type preserved.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub kind: Kind,
+    pub key: SessionKey,
+    pub id: String,
+    pub content_type: Option<HeaderValue>,
+    pub body: Bytes,
+}
+
+/// Client of the agent container.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Agent {
+    pub fn new(base: &str) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(AGENT_CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()
+            .expect("static client configuration");
+        Agent { client, base: base.trim_end_matches('/').to_owned() }
+    }
+
+    /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
+    pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> reqwest::Result<reqwest::Response> {
+        let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
+        let mut req = self
+            .client
+            .post(url)
+            .header(EPOCH_HEADER, epoch.0)
+            .header(TURN_ID_HEADER, &turn.id)
+            .body(turn.body.clone());
+        if let Some(ct) = &turn.content_type {
+            req = req.header(http::header::CONTENT_TYPE, ct);
+        }
+        req.send().await
+    }
+
+    /// Tell the agent to halt and drop a session it no longer owns.
+    pub async fn stand_down(&self, key: &SessionKey) -> reqwest::Result<()> {
+        let url = format!("{}/sessions/{key}/stand-down", self.base);
+        self.client.post(url).timeout(STAND_DOWN_TIMEOUT).send().await?.error_for_status()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,121 @@
+//! The drain (CONTRACT §6): stop being ready → refuse new work with `draining` → let
+//! in-flight turns finish up to the drain timeout, stand the rest down → hand every lease
+//! back in one statement → tell streams to reconnect → report.
+
+use std::{sync::Arc, time::Duration};
+
+use serde::Serialize;
+use tokio::sync::{watch, OnceCell};
+
+use crate::{
+    heartbeat::Stopper,
+    inflight::InFlight,
+    metrics::Metrics,
+    ownership::{Ownership, StandDownReason},
+    store,
+};
+
+/// Attempts at the hand-back statement before giving up (the leases then lapse by TTL).
+const HAND_BACK_ATTEMPTS: u32 = 3;
+/// Pause between hand-back attempts: long enough to ride out a brief store blip.
+const HAND_BACK_RETRY: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DrainReport {
+    pub handed_back: u64,
+    pub in_flight_finished: usize,
+    pub in_flight_stood_down: usize,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("hand-back failed; leases will lapse after their TTL: {0}")]
+pub struct DrainError(String);
+
+#[derive(Debug)]
+pub struct Drain {
+    draining: watch::Sender<bool>,
+    done: OnceCell<Result<DrainReport, DrainError>>,
+    pub ownership: Arc<Ownership>,
+    pub inflight: Arc<InFlight>,
+    pub heartbeat: Stopper,
+    pub metrics: Arc<Metrics>,
+    pub timeout: Duration,
+}
+
+impl Drain {
+    pub fn new(
+        ownership: Arc<Ownership>,
+        inflight: Arc<InFlight>,
+        heartbeat: Stopper,
+        metrics: Arc<Metrics>,
+        timeout: Duration,
+    ) -> Self {
+        Drain {
+            draining: watch::Sender::new(false),
+            done: OnceCell::new(),
+            ownership,
+            inflight,
+            heartbeat,
+            metrics,
+            timeout,
+        }
+    }
+
+    /// Observed by the router: `true` refuses new work with `draining`.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.draining.subscribe()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.draining.borrow()
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done.initialized()
+    }
+
+    /// Run the drain once; concurrent and later calls wait for and return the same result.
+    pub async fn run(&self) -> Result<DrainReport, DrainError> {
+        self.done.get_or_init(|| self.sequence()).await.clone()
+    }
+
+    async fn sequence(&self) -> Result<DrainReport, DrainError> {
+        self.draining.send_replace(true);
+        let started_with = self.inflight.count();
+        tracing::info!(in_flight = started_with, "draining");
+        let idle = self.inflight.wait_idle(self.timeout).await;
+        let still_running = if idle { 0 } else { self.inflight.count() };
+        if still_running > 0 {
+            tracing::warn!(still_running, "drain timeout: standing the rest down");
+            self.ownership.stand_down_everything(StandDownReason::Drain);
+        }
+        // No renewal may race the hand-back (it would register a new boot).
+        self.heartbeat.stop().await;
+        let owner = self.ownership.node().owner;
+        let handed_back = self.hand_back(&owner).await?;
+        self.ownership.forget_all();
+        self.metrics.handed_back(handed_back);
+        let report = DrainReport {
+            handed_back,
+            in_flight_finished: started_with.saturating_sub(still_running),
+            in_flight_stood_down: still_running,
+        };
+        tracing::info!(?report, "drained");
+        Ok(report)
+    }
+
+    async fn hand_back(&self, owner: &store::Owner) -> Result<u64, DrainError> {
+        let mut last = None;
+        for _ in 0..HAND_BACK_ATTEMPTS {
+            match self.ownership.store().hand_back_all(owner).await {
+                Ok(n) => return Ok(n),
+                Err(e) => {
+                    tracing::warn!(error = %e, "hand-back failed; retrying");
+                    last = Some(e.to_string());
+                    tokio::time::sleep(HAND_BACK_RETRY).await;
+                }
+            }
+        }
+        Err(DrainError(last.unwrap_or_default()))
+    }
+}

@@ -1,0 +1,158 @@
+//! Peer authentication: a forwarded request carries an HMAC-SHA256 of the cluster secret
+//! over method, path, timestamp, a nonce and the body digest. The peer listener accepts it
+//! only within a short window and only once (nonces are remembered for the window).
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+pub const TIMESTAMP_HEADER: &str = "leasehold-peer-timestamp";
+pub const NONCE_HEADER: &str = "leasehold-peer-nonce";
+pub const SIGNATURE_HEADER: &str = "leasehold-peer-signature";
+
+/// How far a proof's timestamp may be from the receiver's wall clock: covers pod clock
+/// skew under NTP and queueing, short enough that a captured request soon goes stale.
+pub const PROOF_WINDOW: Duration = Duration::from_secs(10);
+
+type HmacSha256 = Hmac<Sha256>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing or malformed peer proof header {0}")]
+    Missing(&'static str),
+    #[error("peer proof timestamp is outside the {PROOF_WINDOW:?} window")]
+    Stale,
+    #[error("peer proof signature does not match")]
+    BadSignature,
+    #[error("peer proof was already used (replay)")]
+    Replayed,
+}
+
+/// Signs outgoing peer requests and verifies incoming ones. `None` secret: insecure mode,
+/// nothing is signed and everything is accepted (development only).
+#[derive(Debug)]
+pub struct PeerAuth {
+    secret: Option<Vec<u8>>,
+    seen: Mutex<HashMap<String, u64>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn window_ms() -> u64 {
+    PROOF_WINDOW.as_millis() as u64
+}
+
+impl PeerAuth {
+    pub fn new(secret: Option<&str>) -> Self {
+        PeerAuth { secret: secret.map(|s| s.as_bytes().to_vec()), seen: Mutex::new(HashMap::new()) }
+    }
+
+    fn mac(&self, secret: &[u8], method: &str, path: &str, ts: &str, nonce: &str, body: &[u8]) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+        let digest = hex::encode(Sha256::digest(body));
+        mac.update(format!("leasehold-peer-v1\n{method}\n{path}\n{ts}\n{nonce}\n{digest}").as_bytes());
+        mac
+    }
+
+    /// The proof headers for a request (empty in insecure mode).
+    pub fn sign(&self, method: &str, path: &str, body: &[u8]) -> Vec<(&'static str, String)> {
+        self.sign_at(method, path, body, now_ms())
+    }
+
+    pub fn sign_at(&self, method: &str, path: &str, body: &[u8], ts_ms: u64) -> Vec<(&'static str, String)> {
+        let Some(secret) = &self.secret else { return Vec::new() };
+        let (ts, nonce) = (ts_ms.to_string(), uuid::Uuid::new_v4().simple().to_string());
+        let signature =
+            hex::encode(self.mac(secret, method, path, &ts, &nonce, body).finalize().into_bytes());
+        vec![(TIMESTAMP_HEADER, ts), (NONCE_HEADER, nonce), (SIGNATURE_HEADER, signature)]
+    }
+
+    /// Check an incoming request's proof.
+    pub fn verify(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<(), AuthError> {
+        let Some(secret) = &self.secret else { return Ok(()) };
+        let header = |name: &'static str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .ok_or(AuthError::Missing(name))
+        };
+        let (ts, nonce, signature) =
+            (header(TIMESTAMP_HEADER)?, header(NONCE_HEADER)?, header(SIGNATURE_HEADER)?);
+        let ts_ms: u64 = ts.parse().map_err(|_| AuthError::Missing(TIMESTAMP_HEADER))?;
+        let now = now_ms();
+        if now.abs_diff(ts_ms) > window_ms() {
+            return Err(AuthError::Stale);
+        }
+        let signature = hex::decode(signature).map_err(|_| AuthError::BadSignature)?;
+        self.mac(secret, method, path, ts, nonce, body)
+            .verify_slice(&signature)
+            .map_err(|_| AuthError::BadSignature)?;
+        // Only a correctly signed proof reaches the nonce cache, so it cannot be flooded.
+        let mut seen = self.seen.lock().expect("nonce cache lock");
+        seen.retain(|_, expires| *expires > now);
+        if seen.insert(nonce.to_owned(), ts_ms + window_ms()).is_some() {
+            return Err(AuthError::Replayed);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderName, HeaderValue};
+
+    use super::*;
+
+    fn headers(proof: &[(&'static str, String)]) -> HeaderMap {
+        proof.iter().map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_str(v).unwrap())).collect()
+    }
+
+    #[test]
+    fn a_fresh_proof_is_accepted_once() {
+        let auth = PeerAuth::new(Some("s3cret"));
+        let h = headers(&auth.sign("POST", "/peer/v1/sessions/a/turns", b"hi"));
+        assert_eq!(auth.verify("POST", "/peer/v1/sessions/a/turns", &h, b"hi"), Ok(()));
+        assert_eq!(auth.verify("POST", "/peer/v1/sessions/a/turns", &h, b"hi"), Err(AuthError::Replayed));
+    }
+
+    #[test]
+    fn anything_else_is_rejected() {
+        let auth = PeerAuth::new(Some("s3cret"));
+        let other = PeerAuth::new(Some("other"));
+        let path = "/peer/v1/sessions/a/turns";
+        assert_eq!(
+            auth.verify("POST", path, &HeaderMap::new(), b""),
+            Err(AuthError::Missing(TIMESTAMP_HEADER))
+        );
+        let h = headers(&other.sign("POST", path, b"hi"));
+        assert_eq!(auth.verify("POST", path, &h, b"hi"), Err(AuthError::BadSignature), "wrong secret");
+        let h = headers(&auth.sign("POST", path, b"hi"));
+        assert_eq!(auth.verify("POST", path, &h, b"tampered"), Err(AuthError::BadSignature), "body");
+        assert_eq!(auth.verify("POST", "/peer/v1/sessions/b/turns", &h, b"hi"), Err(AuthError::BadSignature));
+        assert_eq!(auth.verify("GET", path, &h, b"hi"), Err(AuthError::BadSignature), "method");
+        let old = headers(&auth.sign_at("POST", path, b"hi", now_ms() - 60_000));
+        assert_eq!(auth.verify("POST", path, &old, b"hi"), Err(AuthError::Stale));
+    }
+
+    #[test]
+    fn insecure_mode_signs_nothing_and_accepts_all() {
+        let auth = PeerAuth::new(None);
+        assert!(auth.sign("POST", "/x", b"").is_empty());
+        assert_eq!(auth.verify("POST", "/x", &HeaderMap::new(), b""), Ok(()));
+    }
+}

@@ -1,0 +1,82 @@
+//! Forwarding a turn to the session's owner over its peer port: one hop, authenticated.
+
+pub mod auth;
+
+use std::time::Duration;
+
+pub use self::auth::{AuthError, PeerAuth};
+use crate::dispatch::{Turn, TURN_ID_HEADER};
+
+/// Pod-network connect: a peer that does not accept within this is treated as down.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest a forwarded turn may take to start answering; long agent turns are normal,
+/// and a timeout here is surfaced as `owner_failed` (the turn may still be running).
+const PEER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The path a turn takes on the owner's peer listener.
+pub fn peer_path(turn: &Turn) -> String {
+    format!("/peer/v1/sessions/{}/{}", turn.key, turn.kind.segment())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// Refused or unreachable before the request was sent: the turn did not run there.
+    #[error("owner at {addr} is not reachable")]
+    NotConnected {
+        addr: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// Timed out or failed after sending: the turn may be running there.
+    #[error("forward to owner at {addr} failed")]
+    Failed {
+        addr: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+#[derive(Debug)]
+pub struct Forwarder {
+    client: reqwest::Client,
+    auth: PeerAuth,
+}
+
+impl Forwarder {
+    pub fn new(secret: Option<&str>) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(PEER_CONNECT_TIMEOUT)
+            .timeout(PEER_RESPONSE_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()
+            .expect("static client configuration");
+        Forwarder { client, auth: PeerAuth::new(secret) }
+    }
+
+    pub fn auth(&self) -> &PeerAuth {
+        &self.auth
+    }
+
+    pub async fn forward(&self, addr: &str, turn: &Turn) -> Result<reqwest::Response, ForwardError> {
+        let path = peer_path(turn);
+        let mut req = self
+            .client
+            .post(format!("http://{addr}{path}"))
+            .header(TURN_ID_HEADER, &turn.id)
+            .body(turn.body.clone());
+        if let Some(ct) = &turn.content_type {
+            req = req.header(http::header::CONTENT_TYPE, ct);
+        }
+        for (name, value) in self.auth.sign("POST", &path, &turn.body) {
+            req = req.header(name, value);
+        }
+        req.send().await.map_err(|source| {
+            let addr = addr.to_owned();
+            if source.is_connect() {
+                ForwardError::NotConnected { addr, source }
+            } else {
+                ForwardError::Failed { addr, source }
+            }
+        })
+    }
+}

@@ -1,0 +1,136 @@
+//! Agent API (CONTRACT §5), loopback port. Every write carries `Leasehold-Epoch`.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Body,
+    extract::{Path, State},
+    http::{HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{delete, get, post},
+    Json, Router,
+};
+use serde::Deserialize;
+use serde_json::{json, value::RawValue};
+
+use super::{read_body, reply, session_key, BadRequest};
+use crate::{
+    agent_api::WriteError, app::Sidecar, directive::Refusal, dispatch::EPOCH_HEADER, key::SessionKey,
+    store::Epoch,
+};
+
+/// Checkpoints hold a whole conversation's state: larger than one turn, still bounded.
+pub const MAX_CHECKPOINT_BYTES: usize = 16 * 1024 * 1024;
+/// The header that tells the reader which epoch wrote a checkpoint.
+pub const CHECKPOINT_EPOCH_HEADER: &str = "leasehold-checkpoint-epoch";
+
+pub fn router(app: Arc<Sidecar>) -> Router {
+    Router::new()
+        .route("/v1/sessions/{key}/checkpoint", get(get_checkpoint).put(put_checkpoint))
+        .route("/v1/sessions/{key}/events", post(publish))
+        .route("/v1/sessions/{key}/lease", delete(release))
+        .fallback(super::not_found)
+        .method_not_allowed_fallback(super::method_not_allowed)
+        .with_state(app)
+}
+
+fn epoch(headers: &HeaderMap) -> Result<Epoch, BadRequest> {
+    headers
+        .get(EPOCH_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse::<i64>().ok())
+        .filter(|e| *e >= 1)
+        .map(Epoch)
+        .ok_or_else(|| {
+            BadRequest::new(
+                StatusCode::BAD_REQUEST,
+                "missing_epoch",
+                "Leasehold-Epoch header must be a positive integer",
+            )
+        })
+}
+
+fn key_and_epoch(key: &str, headers: &HeaderMap) -> Result<(SessionKey, Epoch), BadRequest> {
+    Ok((session_key(key)?, epoch(headers)?))
+}
+
+fn write_error(e: WriteError) -> Response {
+    match e {
+        WriteError::Fenced => reply::error(StatusCode::CONFLICT, "fenced", None),
+        WriteError::Unavailable(e) => {
+            tracing::warn!(error = %e, "agent write failed");
+            reply::refusal(&Refusal::StoreUnavailable)
+        }
+    }
+}
+
+async fn get_checkpoint(
+    State(app): State<Arc<Sidecar>>,
+    Path(key): Path<String>,
+) -> Result<Response, BadRequest> {
+    let key = session_key(&key)?;
+    Ok(match app.agent_api.checkpoint(&key).await {
+        Ok(Some(cp)) => {
+            let mut response = cp.data.into_response();
+            response.headers_mut().insert(CHECKPOINT_EPOCH_HEADER, HeaderValue::from(cp.epoch.0));
+            response
+        }
+        Ok(None) => reply::error(StatusCode::NOT_FOUND, "no_checkpoint", None),
+        Err(e) => {
+            tracing::warn!(error = %e, "checkpoint read failed");
+            reply::refusal(&Refusal::StoreUnavailable)
+        }
+    })
+}
+
+async fn put_checkpoint(
+    State(app): State<Arc<Sidecar>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, BadRequest> {
+    let (key, epoch) = key_and_epoch(&key, &headers)?;
+    let data = read_body(&headers, body, MAX_CHECKPOINT_BYTES).await?;
+    Ok(match app.agent_api.put_checkpoint(&key, epoch, &data).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => write_error(e),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct Publish {
+    #[serde(rename = "type")]
+    kind: String,
+    data: Option<Box<RawValue>>,
+}
+
+async fn publish(
+    State(app): State<Arc<Sidecar>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, BadRequest> {
+    let (key, epoch) = key_and_epoch(&key, &headers)?;
+    let body = read_body(&headers, body, app.max_body).await?;
+    let malformed = |message: String| BadRequest::new(StatusCode::BAD_REQUEST, "malformed_event", message);
+    let event: Publish = serde_json::from_slice(&body).map_err(|e| malformed(e.to_string()))?;
+    if event.kind.is_empty() || event.kind.contains(['\n', '\r']) {
+        return Err(malformed("type must be one non-empty line".to_owned()));
+    }
+    let data = event.data.unwrap_or_else(|| RawValue::from_string("null".into()).expect("valid JSON"));
+    Ok(match app.agent_api.publish(&key, epoch, event.kind, data).await {
+        Ok(id) => (StatusCode::ACCEPTED, Json(json!({ "id": id.to_string() }))).into_response(),
+        Err(e) => write_error(e),
+    })
+}
+
+async fn release(
+    State(app): State<Arc<Sidecar>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, BadRequest> {
+    let (key, epoch) = key_and_epoch(&key, &headers)?;
+    Ok(match app.agent_api.release(&key, epoch).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => write_error(e),
+    })
+}

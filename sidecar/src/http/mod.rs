@@ -1,0 +1,75 @@
+//! The four listeners (CONTRACT §2): thin handlers that parse, call the domain and map
+//! errors to responses.
+
+pub mod admin;
+pub mod agent;
+pub mod peer;
+pub mod public;
+pub mod reply;
+pub mod server;
+
+use axum::{
+    body::{Body, Bytes},
+    http::{header, HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+};
+
+use crate::key::SessionKey;
+
+/// A request refused before it reached the domain: bad input, with a JSON body.
+#[derive(Debug)]
+pub struct BadRequest {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl BadRequest {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        BadRequest { status, code, message: message.into() }
+    }
+}
+
+impl IntoResponse for BadRequest {
+    fn into_response(self) -> Response {
+        reply::error(self.status, self.code, self.message)
+    }
+}
+
+/// Parse the `{key}` path segment or answer `400`.
+pub fn session_key(raw: &str) -> Result<SessionKey, BadRequest> {
+    SessionKey::parse(raw).map_err(|e| BadRequest::new(StatusCode::BAD_REQUEST, "invalid_key", e.to_string()))
+}
+
+/// Read a whole request body of at most `limit` bytes, or answer `413` / `400`.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BadRequest> {
+    let too_large = || {
+        BadRequest::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the limit is {limit} bytes"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let source = std::error::Error::source(&e);
+        if source.is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+            too_large()
+        } else {
+            BadRequest::new(StatusCode::BAD_REQUEST, "body_read_failed", e.to_string())
+        }
+    })
+}
+
+/// `404` for unknown routes, with a JSON body like every other error.
+pub async fn not_found() -> Response {
+    reply::error(StatusCode::NOT_FOUND, "not_found", None)
+}
+
+/// `405` for a known path with the wrong method.
+pub async fn method_not_allowed() -> Response {
+    reply::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", None)
+}

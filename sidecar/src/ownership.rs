@@ -1,0 +1,276 @@
+//! Ownership resolution (CONTRACT §7): who may run a session, asked at every entry point.
+//!
+//! The local lease table remembers the sessions this process holds. A session held by the
+//! current boot is served without a database round trip while the node lease is certainly
+//! live (heartbeat deadline on the monotonic clock); otherwise the node claims. Anything
+//! that shows a session is no longer ours (a fenced write, a lost boot, a claim naming
+//! someone else) stands it down: its in-flight turn is halted and the agent is told.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    heartbeat::NodeState,
+    key::SessionKey,
+    metrics::Metrics,
+    store::{self, Claim, Epoch, Holder, LeaseStore, Owner},
+};
+
+/// A session this process may run now, at `epoch`.
+#[derive(Debug, Clone)]
+pub struct LocalLease {
+    pub key: SessionKey,
+    pub owner: Owner,
+    pub epoch: Epoch,
+    /// Cancelled when the session is stood down: in-flight work must halt.
+    pub halt: CancellationToken,
+}
+
+/// Where a session runs.
+#[derive(Debug, Clone)]
+pub enum Route {
+    Local(LocalLease),
+    Remote(Holder),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("lease store unavailable")]
+    Store(#[source] store::Error),
+    /// Our node lease lapsed; the heartbeat is registering a new boot.
+    #[error("this node holds no live node lease")]
+    NodeNotLive,
+}
+
+/// Why a session was stood down (logged and counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandDownReason {
+    Fenced,
+    LeaseLost,
+    Drain,
+}
+
+impl StandDownReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StandDownReason::Fenced => "fenced",
+            StandDownReason::LeaseLost => "lease_lost",
+            StandDownReason::Drain => "drain",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    owner: Owner,
+    epoch: Epoch,
+    halt: CancellationToken,
+}
+
+/// The sessions this process holds, and the way to resolve any other.
+#[derive(Debug)]
+pub struct Ownership {
+    store: LeaseStore,
+    node: watch::Receiver<NodeState>,
+    table: Mutex<HashMap<SessionKey, Entry>>,
+    stood_down: mpsc::UnboundedSender<SessionKey>,
+    metrics: Arc<Metrics>,
+}
+
+impl Ownership {
+    /// `stood_down` receives every session the agent must be told to drop.
+    pub fn new(
+        store: LeaseStore,
+        node: watch::Receiver<NodeState>,
+        stood_down: mpsc::UnboundedSender<SessionKey>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Ownership { store, node, table: Mutex::new(HashMap::new()), stood_down, metrics }
+    }
+
+    pub fn store(&self) -> &LeaseStore {
+        &self.store
+    }
+
+    pub fn node(&self) -> NodeState {
+        self.node.borrow().clone()
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Entry>> {
+        self.table.lock().expect("lease table lock")
+    }
+
+    /// The session if the current boot holds it and the node lease is certainly live.
+    fn fast_path(&self, key: &SessionKey) -> Option<LocalLease> {
+        let node = self.node.borrow();
+        if !node.ready(Instant::now()) {
+            return None;
+        }
+        let table = self.table();
+        let entry = table.get(key).filter(|e| e.owner == node.owner)?;
+        Some(LocalLease {
+            key: key.clone(),
+            owner: entry.owner.clone(),
+            epoch: entry.epoch,
+            halt: entry.halt.clone(),
+        })
+    }
+
+    /// Resolve the owner of `key`: claim unless the fast path applies. `fresh` forces a
+    /// claim (the re-claim after a forward found the owner unreachable).
+    pub async fn resolve(&self, key: &SessionKey, fresh: bool) -> Result<Route, ResolveError> {
+        if !fresh {
+            if let Some(local) = self.fast_path(key) {
+                self.metrics.resolved("fast_path");
+                return Ok(Route::Local(local));
+            }
+        }
+        let owner = self.node.borrow().owner.clone();
+        let claim = match self.store.claim(key, &owner).await {
+            Ok(claim) => claim,
+            Err(store::Error::NodeNotLive { .. }) => return Err(ResolveError::NodeNotLive),
+            Err(e) => {
+                self.metrics.store_error();
+                return Err(ResolveError::Store(e));
+            }
+        };
+        self.metrics.resolved(match claim {
+            Claim::Claimed { .. } => "claimed",
+            Claim::Extended { .. } => "extended",
+            Claim::TookOver { .. } => "took_over",
+            Claim::Held(_) => "held",
+        });
+        match claim {
+            Claim::Held(holder) => {
+                // Someone else holds it live: whatever we remembered is stale.
+                self.stand_down_any(key, StandDownReason::LeaseLost);
+                Ok(Route::Remote(holder))
+            }
+            owned => {
+                let epoch = owned.owned_epoch().expect("owned claim has an epoch");
+                Ok(Route::Local(self.remember(key, owner, epoch)))
+            }
+        }
+    }
+
+    /// Record a lease we hold; a different epoch or boot replaces (and stands down) the old.
+    fn remember(&self, key: &SessionKey, owner: Owner, epoch: Epoch) -> LocalLease {
+        let mut table = self.table();
+        if let Some(entry) = table.get(key) {
+            if entry.owner == owner && entry.epoch == epoch {
+                return LocalLease { key: key.clone(), owner, epoch, halt: entry.halt.clone() };
+            }
+        }
+        let halt = CancellationToken::new();
+        let old = table.insert(key.clone(), Entry { owner: owner.clone(), epoch, halt: halt.clone() });
+        self.metrics.set_leases_held(table.len());
+        drop(table);
+        if let Some(old) = old {
+            self.halt(key, old, StandDownReason::LeaseLost);
+        }
+        LocalLease { key: key.clone(), owner, epoch, halt }
+    }
+
+    /// The local lease for an agent write at `epoch`, if we hold exactly that.
+    pub fn local(&self, key: &SessionKey, epoch: Epoch) -> Option<LocalLease> {
+        let table = self.table();
+        let entry = table.get(key).filter(|e| e.epoch == epoch)?;
+        Some(LocalLease { key: key.clone(), owner: entry.owner.clone(), epoch, halt: entry.halt.clone() })
+    }
+
+    /// Stand a session down if we still hold it at `epoch` (a fenced write).
+    pub fn stand_down(&self, key: &SessionKey, epoch: Epoch, reason: StandDownReason) {
+        let mut table = self.table();
+        if table.get(key).is_some_and(|e| e.epoch == epoch) {
+            let entry = table.remove(key).expect("checked above");
+            self.metrics.set_leases_held(table.len());
+            drop(table);
+            self.halt(key, entry, reason);
+        }
+    }
+
+    fn stand_down_any(&self, key: &SessionKey, reason: StandDownReason) {
+        let mut table = self.table();
+        if let Some(entry) = table.remove(key) {
+            self.metrics.set_leases_held(table.len());
+            drop(table);
+            self.halt(key, entry, reason);
+        }
+    }
+
+    fn halt(&self, key: &SessionKey, entry: Entry, reason: StandDownReason) {
+        tracing::info!(%key, epoch = %entry.epoch, reason = reason.as_str(), "standing session down");
+        entry.halt.cancel();
+        self.metrics.stood_down(reason);
+        let _ = self.stood_down.send(key.clone());
+    }
+
+    /// A boot's node lease was lost: every session it held is gone.
+    pub fn lose_boot(&self, owner: &Owner) {
+        self.stand_down_all(|e| &e.owner == owner, StandDownReason::LeaseLost);
+    }
+
+    /// Stand down every session (drain deadline). Returns how many.
+    pub fn stand_down_everything(&self, reason: StandDownReason) -> usize {
+        self.stand_down_all(|_| true, reason)
+    }
+
+    fn stand_down_all(&self, matches: impl Fn(&Entry) -> bool, reason: StandDownReason) -> usize {
+        let mut table = self.table();
+        let keys: Vec<SessionKey> =
+            table.iter().filter(|(_, e)| matches(e)).map(|(k, _)| k.clone()).collect();
+        let gone: Vec<_> = keys.into_iter().filter_map(|k| table.remove(&k).map(|e| (k, e))).collect();
+        self.metrics.set_leases_held(table.len());
+        drop(table);
+        let n = gone.len();
+        for (key, entry) in gone {
+            self.halt(&key, entry, reason);
+        }
+        n
+    }
+
+    /// Release an idle session (the agent asked): claimable at once, no longer renewed.
+    /// `Ok(false)` if we did not hold it at that epoch.
+    pub async fn release(&self, key: &SessionKey, epoch: Epoch) -> Result<bool, store::Error> {
+        let Some(local) = self.local(key, epoch) else { return Ok(false) };
+        let released = self.store.release(key, &local.owner, epoch).await?;
+        let mut table = self.table();
+        if table.get(key).is_some_and(|e| e.epoch == epoch) {
+            table.remove(key);
+        }
+        self.metrics.set_leases_held(table.len());
+        Ok(released)
+    }
+
+    /// Forget every session without telling anyone (after the hand-back of a drain,
+    /// where in-flight work has already finished or been stood down).
+    pub fn forget_all(&self) {
+        let mut table = self.table();
+        table.clear();
+        self.metrics.set_leases_held(0);
+    }
+
+    /// Sessions held here with the time our node lease is certainly live.
+    pub fn held(&self) -> Vec<(SessionKey, Epoch, Duration)> {
+        let node = self.node.borrow().clone();
+        let left =
+            node.live_until.map_or(Duration::ZERO, |until| until.saturating_duration_since(Instant::now()));
+        let mut held: Vec<_> = self
+            .table()
+            .iter()
+            .filter(|(_, e)| e.owner == node.owner)
+            .map(|(k, e)| (k.clone(), e.epoch, left))
+            .collect();
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        held
+    }
+}

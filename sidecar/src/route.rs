@@ -1,0 +1,147 @@
+//! Routing a turn to its single owner (CONTRACT §3, §7): run it here when we own the
+//! session, forward it one hop when another live owner does, refuse with a directive when
+//! neither is possible now. No path runs a turn without a lease.
+
+use std::{sync::Arc, time::Duration};
+
+use crate::{
+    directive::Refusal,
+    dispatch::{Agent, Turn},
+    forward::{ForwardError, Forwarder},
+    inflight::{InFlight, InFlightGuard},
+    metrics::Metrics,
+    ownership::{LocalLease, Ownership, ResolveError, Route, StandDownReason},
+    store::Holder,
+};
+
+/// What happens to a turn.
+#[derive(Debug)]
+pub enum Reply {
+    /// The agent (here, or on the owner) answered: stream it back unchanged.
+    Local { response: reqwest::Response, lease: LocalLease, guard: InFlightGuard },
+    /// The owner's sidecar answered a forwarded turn: pass it through.
+    Forwarded(reqwest::Response),
+    /// Not now; the client may retry as the directive says.
+    Refused(Refusal),
+    /// It may have run remotely (or on our agent): `502 owner_failed`, never retried.
+    OwnerFailed,
+}
+
+/// Where the request entered: the public port may forward once; the peer port never
+/// forwards again (one hop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    Public,
+    Peer,
+}
+
+#[derive(Debug)]
+pub struct TurnRouter {
+    pub ownership: Arc<Ownership>,
+    pub agent: Agent,
+    pub forwarder: Forwarder,
+    pub inflight: Arc<InFlight>,
+    pub metrics: Arc<Metrics>,
+    pub ttl: Duration,
+    pub draining: tokio::sync::watch::Receiver<bool>,
+    pub drain_timeout: Duration,
+}
+
+impl TurnRouter {
+    fn refuse(&self, path: &str, refusal: Refusal) -> Reply {
+        self.metrics.turn(path, refusal.code());
+        Reply::Refused(refusal)
+    }
+
+    fn unresolved(&self, e: ResolveError) -> Reply {
+        tracing::warn!(error = %e, "cannot resolve ownership");
+        self.refuse("none", Refusal::StoreUnavailable)
+    }
+
+    /// Route one turn entering at `entry`.
+    pub async fn route(&self, turn: Turn, entry: Entry) -> Reply {
+        if *self.draining.borrow() {
+            return self.refuse("none", Refusal::Draining { drain_timeout: self.drain_timeout });
+        }
+        match self.ownership.resolve(&turn.key, false).await {
+            Err(e) => self.unresolved(e),
+            Ok(Route::Local(lease)) => self.run_local(turn, lease).await,
+            // A peer that is no longer the owner does not forward again.
+            Ok(Route::Remote(_)) if entry == Entry::Peer => {
+                self.refuse("none", Refusal::OwnerUnreachable { ttl: self.ttl })
+            }
+            Ok(Route::Remote(holder)) => self.forward(turn, holder).await,
+        }
+    }
+
+    /// Forward to the owner; if it was not reachable, re-claim once and act on that.
+    async fn forward(&self, turn: Turn, holder: Holder) -> Reply {
+        match self.forwarder.forward(&holder.peer_addr, &turn).await {
+            Ok(response) => return self.forwarded(response),
+            Err(ForwardError::Failed { addr, source }) => {
+                tracing::warn!(%addr, error = %source, "forward failed after sending");
+                self.metrics.turn("forwarded", "owner_failed");
+                return Reply::OwnerFailed;
+            }
+            Err(ForwardError::NotConnected { addr, source }) => {
+                tracing::info!(%addr, error = %source, "owner unreachable; re-claiming");
+            }
+        }
+        let next = match self.ownership.resolve(&turn.key, true).await {
+            Err(e) => return self.unresolved(e),
+            Ok(Route::Local(lease)) => return self.run_local(turn, lease).await,
+            Ok(Route::Remote(next)) => next,
+        };
+        if next.owner == holder.owner {
+            // Its lease is live but it is unreachable: it becomes claimable when it expires.
+            return self
+                .refuse("forwarded", Refusal::TakeoverPending { remaining: next.remaining, ttl: self.ttl });
+        }
+        match self.forwarder.forward(&next.peer_addr, &turn).await {
+            Ok(response) => self.forwarded(response),
+            Err(ForwardError::NotConnected { .. }) => {
+                self.refuse("forwarded", Refusal::OwnerUnreachable { ttl: self.ttl })
+            }
+            Err(ForwardError::Failed { .. }) => {
+                self.metrics.turn("forwarded", "owner_failed");
+                Reply::OwnerFailed
+            }
+        }
+    }
+
+    fn forwarded(&self, response: reqwest::Response) -> Reply {
+        self.metrics.turn("forwarded", response.status().as_str());
+        Reply::Forwarded(response)
+    }
+
+    /// Dispatch to our agent. Halted at once if the session is stood down meanwhile.
+    async fn run_local(&self, turn: Turn, lease: LocalLease) -> Reply {
+        let guard = self.inflight.enter();
+        let fenced = Refusal::Fenced { ttl: self.ttl };
+        let response = tokio::select! {
+            response = self.agent.dispatch(&turn, lease.epoch) => response,
+            _ = lease.halt.cancelled() => return self.refuse("local", fenced),
+        };
+        match response {
+            Err(e) if e.is_connect() => self.refuse("local", Refusal::AgentUnavailable),
+            Err(e) => {
+                tracing::warn!(key = %turn.key, error = %e, "agent failed mid-turn");
+                self.metrics.turn("local", "owner_failed");
+                Reply::OwnerFailed
+            }
+            // The agent hit the fence: the next owner will serve the turn.
+            Ok(r) if r.status() == http::StatusCode::CONFLICT => {
+                self.ownership.stand_down(&turn.key, lease.epoch, StandDownReason::Fenced);
+                self.refuse("local", fenced)
+            }
+            Ok(response) if lease.halt.is_cancelled() => {
+                drop(response);
+                self.refuse("local", fenced)
+            }
+            Ok(response) => {
+                self.metrics.turn("local", response.status().as_str());
+                Reply::Local { response, lease, guard }
+            }
+        }
+    }
+}
