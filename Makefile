@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help test test-fast lint fmt bench deps
+.PHONY: help demo test test-fast lint fmt bench deps build
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -10,10 +10,16 @@ help: ## list the targets
 deps: ## install what the build and tests need (idempotent, fast when done)
 	@scripts/ensure-deps.sh
 
-test: deps ## the whole suite: lint, then every test against a throwaway Postgres
-	@scripts/ensure-deps.sh >/dev/null
+demo: deps build ## the whole system locally: Postgres, 3 sidecars + 3 demo agents, a narrated walk-through
+	./target/debug/leasehold-demo
+
+build: ## build every binary (sidecar, demo agent, demo)
+	cargo build --workspace --bins --locked
+
+test: deps ## the whole suite: lint, then every test (unit, store, real processes) on a throwaway Postgres
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cargo build --workspace --bins --locked
 	scripts/with-postgres.sh cargo test --workspace --locked
 
 test-fast: ## unit tests only (no Postgres)

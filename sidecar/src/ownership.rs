@@ -46,6 +46,9 @@ pub enum Route {
 pub enum ResolveError {
     #[error("lease store unavailable")]
     Store(#[source] store::Error),
+    /// The last heartbeat could not reach the store.
+    #[error("lease store unreachable at the last heartbeat")]
+    StoreDown,
     /// Our node lease lapsed; the heartbeat is registering a new boot.
     #[error("this node holds no live node lease")]
     NodeNotLive,
@@ -134,7 +137,15 @@ impl Ownership {
                 return Ok(Route::Local(local));
             }
         }
-        let owner = self.node.borrow().owner.clone();
+        let (owner, store_reachable) = {
+            let node = self.node.borrow();
+            (node.owner.clone(), node.store_reachable)
+        };
+        if !store_reachable {
+            // The last heartbeat could not reach the store: fail fast rather than pile
+            // requests onto a dead database; the next successful beat lifts this.
+            return Err(ResolveError::StoreDown);
+        }
         let claim = match self.store.claim(key, &owner).await {
             Ok(claim) => claim,
             Err(store::Error::NodeNotLive { .. }) => return Err(ResolveError::NodeNotLive),

@@ -1,0 +1,11 @@
+//! Real sidecar + demo-agent processes on loopback addresses (127.0.0.0/8), against a real
+//! Postgres: the local demo and the cluster tests share it. Every process is stopped by
+//! PID when its handle is dropped.
+
+pub mod cluster;
+pub mod postgres;
+pub mod process;
+
+pub use cluster::{Cluster, ClusterOptions, Node};
+pub use postgres::Postgres;
+pub use process::Proc;

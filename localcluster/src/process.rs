@@ -1,0 +1,102 @@
+//! A child process owned by the harness: signalled by PID, killed when dropped.
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+
+/// How often a wait polls the child.
+const POLL: Duration = Duration::from_millis(10);
+
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Start `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> std::io::Result<Proc> {
+        let out = File::options().create(true).append(true).open(log)?;
+        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        let child = cmd.spawn()?;
+        Ok(Proc { name: name.to_owned(), child, log: log.to_owned(), exited: None })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"));
+        let _ = kill(pid, signal); // already gone is fine
+    }
+
+    /// Whether the process is still running (a stopped process counts as running).
+    pub fn is_running(&mut self) -> bool {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited.is_none()
+    }
+
+    /// Wait for the process to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while self.is_running() && Instant::now() < deadline {
+            std::thread::sleep(POLL);
+        }
+        self.exited
+    }
+
+    /// `kill -9`: the process dies without any chance to clean up.
+    pub fn kill9(&mut self) {
+        self.signal(Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(10));
+    }
+
+    /// `SIGSTOP`: the process freezes mid-whatever (a GC pause, a stalled VM).
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// `SIGCONT`: it carries on as if nothing happened.
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// `SIGTERM`, then wait up to `timeout` for it to exit.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.signal(Signal::SIGTERM);
+        self.wait_exit(timeout)
+    }
+
+    /// The last `lines` lines of the process's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.is_running() {
+            self.resume(); // a stopped process must be able to die
+            self.kill9();
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Real faults on real processes: kill -9, SIGSTOP/SIGCONT, the lease store going away,
+//! a container restart. Run one at a time (they measure recovery against the TTL).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use leasehold_sidecar::client::Client;
+use localcluster::{Cluster, ClusterOptions, Postgres};
+use serde_json::json;
+
+/// Slack on recovery bounds for scheduling on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_secs(2);
+
+fn turn(text: &str) -> serde_json::Value {
+    json!({ "text": text, "tokens": 2 })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { lease_ttl: Duration::from_secs(3), ..ClusterOptions::default() };
+    let ttl = options.lease_ttl;
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let client = cluster.client();
+    let keys: Vec<String> = (0..5).map(|i| format!("crash-{i}")).collect();
+    for key in &keys {
+        let answer = client
+            .post(&format!("/v1/sessions/{key}/turns"), turn("before").to_string().into(), Some(0))
+            .await
+            .unwrap();
+        assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")));
+    }
+
+    cluster.nodes[0].kill9();
+    let killed = Instant::now();
+    let client = std::sync::Arc::new(client);
+    let tasks: Vec<_> = keys
+        .iter()
+        .cloned()
+        .map(|key| {
+            let client = client.clone();
+            tokio::spawn(async move { (client.turn(&key, &turn("after")).await, key, killed.elapsed()) })
+        })
+        .collect();
+    for task in tasks {
+        let (answer, key, took) = task.await.unwrap();
+        let answer = answer.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(
+            answer.status,
+            200,
+            "{key}: only directives on the way, then success: {:?}",
+            answer.json()
+        );
+        assert!(answer.owner.as_deref() != Some("node-a"));
+        assert_eq!(answer.epoch, Some(2), "{key}: taken over with epoch + 1");
+        for code in &answer.directives {
+            assert!(["takeover_pending", "owner_unreachable"].contains(&code.as_str()), "{key}: {code}");
+        }
+        let bound = ttl + Duration::from_millis(answer.directives.len() as u64 * 1000) + SLACK;
+        assert!(took <= bound, "{key}: served after {took:?}, bound {bound:?}");
+        assert_eq!(support::history(&db, &key).await, ["before", "after"], "{key}: history intact");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(400),
+        ..Default::default()
+    };
+    let ttl = options.lease_ttl;
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "paused";
+    let a = &cluster.nodes[0];
+    let first = cluster
+        .client()
+        .post(&format!("/v1/sessions/{key}/turns"), turn("first").to_string().into(), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(first.owner.as_deref(), Some("node-a"));
+
+    // A long turn starts on node-a; the whole pod freezes in the middle of it.
+    let zombie = tokio::spawn({
+        let url = format!("{}/v1/sessions/{key}/turns", a.public_url());
+        async move {
+            let body = json!({ "text": "zombie", "think_ms": 1500, "tokens": 5 }).to_string();
+            let response = reqwest::Client::new().post(url).body(body).send().await?;
+            let status = response.status().as_u16();
+            Ok::<_, reqwest::Error>((status, response.text().await.unwrap_or_default()))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.pause();
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+
+    // Another node takes over and serves turns while node-a is frozen.
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    for text in ["after-1", "after-2"] {
+        let answer = others.turn(key, &turn(text)).await.unwrap();
+        assert_eq!(answer.status, 200, "{:?}", answer.json());
+        assert_eq!(answer.epoch, Some(2));
+    }
+
+    a.resume();
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(20), zombie).await.unwrap().unwrap().unwrap();
+    assert_ne!(status, 200, "the paused turn must not be acknowledged: {body}");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"fenced\""), "{body}");
+    tokio::time::sleep(Duration::from_secs(1)).await; // node-a's heartbeat notices too
+    assert_eq!(
+        support::history(&db, key).await,
+        ["first", "after-1", "after-2"],
+        "no write of node-a landed"
+    );
+    assert_eq!(support::epoch(&db, key).await, Some(2));
+    let stand_downs = a.metric("leasehold_stand_downs_total", "").await;
+    assert!(stand_downs >= 1.0, "node-a stood the session down");
+    // The next turn anywhere continues the new owner's history.
+    let answer = cluster
+        .client()
+        .post(&format!("/v1/sessions/{key}/turns"), turn("later").to_string().into(), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(answer.json().unwrap()["history_len"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
+    let _serial = support::serial().await;
+    let pg = Postgres::start().unwrap();
+    let cluster = Cluster::start(pg.url(), ClusterOptions::default()).await.unwrap();
+    let key = "outage";
+    let ok = cluster.client().turn(key, &turn("before")).await.unwrap();
+    assert_eq!(ok.status, 200);
+
+    pg.stop().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a few failed heartbeats
+    let http = reqwest::Client::new();
+    for node in &cluster.nodes {
+        let response = http
+            .post(format!("{}/v1/sessions/{key}/turns", node.public_url()))
+            .body(turn("during").to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 503, "{}", node.name);
+        assert!(response.headers().get("retry-after").is_some());
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], "store_unavailable");
+        assert!(body["retry"]["delay_ms"].as_u64().unwrap() > 0);
+        let ready = http.get(format!("{}/readyz", node.admin_url())).send().await.unwrap();
+        assert_eq!(ready.status(), 503, "{} not ready while the store is down", node.name);
+    }
+
+    pg.restart().unwrap();
+    for node in &cluster.nodes {
+        node.wait_ready().await.unwrap(); // the same processes recover
+    }
+    let answer = cluster.client().turn(key, &turn("after")).await.unwrap();
+    assert_eq!(answer.status, 200, "{:?}", answer.json());
+    assert_eq!(support::history(pg.url(), key).await, ["before", "after"], "nothing ran during the outage");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_restart_frees_the_earlier_boots_sessions_at_once() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    // A long TTL proves the sessions move without waiting for it.
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(30),
+        heartbeat: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let keys: Vec<String> = (0..3).map(|i| format!("restart-{i}")).collect();
+    for key in &keys {
+        let answer = cluster
+            .client()
+            .post(&format!("/v1/sessions/{key}/turns"), turn("before").to_string().into(), Some(0))
+            .await
+            .unwrap();
+        assert_eq!(answer.owner.as_deref(), Some("node-a"));
+    }
+    let restarted = Instant::now();
+    cluster.nodes[0].restart_sidecar();
+    cluster.nodes[0].wait_ready().await.unwrap();
+    let client = cluster.client();
+    for key in &keys {
+        let view = client.session(key, 1).await.unwrap();
+        assert_eq!(view["claimable"], true, "{key}: {view}");
+        let answer = client
+            .post(&format!("/v1/sessions/{key}/turns"), turn("after").to_string().into(), Some(1))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200);
+        assert!(answer.directives.is_empty(), "{key}: no waiting: {:?}", answer.directives);
+        assert_eq!(answer.epoch, Some(2));
+        assert_eq!(support::history(&db, key).await, ["before", "after"]);
+    }
+    assert!(restarted.elapsed() < Duration::from_secs(30), "served well within the TTL");
+}

@@ -1,0 +1,177 @@
+//! Routing with real processes: every turn reaches the one owner; the peer port admits
+//! only authenticated requests; bad input is refused and breaks nothing.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use leasehold_sidecar::forward::PeerAuth;
+use localcluster::{Cluster, ClusterOptions};
+use rand::Rng;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn turns_sent_anywhere_land_on_one_owner_in_order() {
+    const SESSIONS: usize = 20;
+    const TURNS: usize = 10;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let client = std::sync::Arc::new(cluster.client());
+    let tasks: Vec<_> = (0..SESSIONS)
+        .map(|s| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let key = format!("chat-{s}");
+                let mut owners = BTreeSet::new();
+                for t in 0..TURNS {
+                    let node = rand::rng().random_range(0..3);
+                    let body = json!({ "text": format!("{key}/{t}"), "tokens": 2 }).to_string();
+                    let answer =
+                        client.post(&format!("/v1/sessions/{key}/turns"), body.into(), Some(node)).await;
+                    let answer = answer.unwrap_or_else(|e| panic!("{key} turn {t}: {e}"));
+                    assert_eq!(answer.status, 200, "{key} turn {t}: {:?}", answer.json());
+                    assert!(answer.directives.is_empty(), "no refusal expected: {:?}", answer.directives);
+                    let json = answer.json().unwrap();
+                    assert_eq!(
+                        json["history_len"],
+                        t + 1,
+                        "{key}: each turn answered exactly once, in order"
+                    );
+                    assert_eq!(answer.epoch, Some(1));
+                    owners.insert(answer.owner.clone().unwrap());
+                }
+                (key, owners)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (key, owners) = task.await.unwrap();
+        assert_eq!(owners.len(), 1, "{key} had one owner the whole time: {owners:?}");
+        let expected: Vec<String> = (0..TURNS).map(|t| format!("{key}/{t}")).collect();
+        assert_eq!(support::history(&db, &key).await, expected, "{key}: checkpoint = acknowledged turns");
+        assert_eq!(support::epoch(&db, &key).await, Some(1));
+    }
+    let mut forwarded = 0.0;
+    for node in &cluster.nodes {
+        forwarded += node.metric("leasehold_turns_total", "path=\"forwarded\"").await;
+    }
+    assert!(forwarded > 0.0, "some turns entered on a non-owner and were forwarded one hop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_admits_only_a_fresh_proof_of_the_secret() {
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 1, ..ClusterOptions::default() };
+    let secret = options.cluster_secret.clone().unwrap();
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let node = &cluster.nodes[0];
+    let http = reqwest::Client::new();
+    let path = "/peer/v1/sessions/peer-test/turns";
+    let body = br#"{"text":"via peer"}"#;
+    let send = |headers: Vec<(&'static str, String)>| {
+        let mut req = http.post(format!("{}{path}", node.peer_url())).body(body.to_vec());
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+
+    assert_eq!(send(vec![]).await, 401, "no proof");
+    assert_eq!(send(PeerAuth::new(Some("wrong-secret")).sign("POST", path, body)).await, 401, "wrong secret");
+    let auth = PeerAuth::new(Some(&secret));
+    let stale_ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+        as u64
+        - 60_000;
+    assert_eq!(send(auth.sign_at("POST", path, body, stale_ts)).await, 401, "stale proof");
+    assert_eq!(
+        send(auth.sign("POST", "/peer/v1/sessions/other/turns", body)).await,
+        401,
+        "proof for another path"
+    );
+
+    let proof = auth.sign("POST", path, body);
+    assert_eq!(send(proof.clone()).await, 200, "a fresh proof is admitted and the turn runs");
+    assert_eq!(send(proof).await, 401, "the same proof replayed");
+    assert!(node.metric("leasehold_peer_auth_failures_total", "").await >= 5.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_documented_status_and_breaks_nothing() {
+    let db = support::database().await;
+    let cluster =
+        Cluster::start(&db, ClusterOptions { nodes: 1, ..ClusterOptions::default() }).await.unwrap();
+    let node = &cluster.nodes[0];
+    let http = reqwest::Client::new();
+    let public = node.public_url();
+    let agent = node.agent_api_url();
+    let two_mib = vec![b'x'; 2 * 1024 * 1024];
+    let long_key = "k".repeat(201);
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (http.post(format!("{public}/v1/sessions/bad%20key/turns")), 400, "space in key"),
+        (http.post(format!("{public}/v1/sessions/{long_key}/turns")), 400, "key too long"),
+        (http.post(format!("{public}/v1/sessions/a%2Fb/turns")), 400, "slash in key"),
+        (http.get(format!("{public}/v1/sessions/b%C3%A4d")), 400, "non-ascii key"),
+        (http.post(format!("{public}/v1/sessions/big/turns")).body(two_mib.clone()), 413, "2 MiB body"),
+        (http.post(format!("{public}/v1/sessions/big/events")).body(two_mib), 413, "2 MiB event"),
+        (
+            http.post(format!("{public}/v1/sessions/json/turns")).body("{not json"),
+            400,
+            "malformed JSON reaches the agent",
+        ),
+        (http.get(format!("{public}/v1/nothing")), 404, "unknown route"),
+        (http.get(format!("{public}/v1/sessions/x/turns")), 405, "wrong method"),
+        (http.delete(format!("{public}/v1/sessions/x")), 405, "wrong method on session"),
+        (http.put(format!("{agent}/v1/sessions/x/checkpoint")).body("{}"), 400, "write without epoch"),
+        (
+            http.put(format!("{agent}/v1/sessions/x/checkpoint"))
+                .header("leasehold-epoch", "zero")
+                .body("{}"),
+            400,
+            "bad epoch",
+        ),
+        (
+            http.put(format!("{agent}/v1/sessions/x/checkpoint")).header("leasehold-epoch", "7").body("{}"),
+            409,
+            "epoch not held: fenced",
+        ),
+        (
+            http.post(format!("{agent}/v1/sessions/x/events")).header("leasehold-epoch", "1").body("[1,"),
+            400,
+            "malformed event",
+        ),
+        (http.get(format!("{agent}/v1/sessions/never/checkpoint")), 404, "no checkpoint yet"),
+        (http.post(format!("{}/drain", node.public_url())), 404, "admin route on the public port"),
+    ];
+    for (request, status, what) in cases {
+        let response = request.send().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(response.status().as_u16(), status, "{what}");
+        let body: serde_json::Value =
+            response.json().await.unwrap_or_else(|e| panic!("{what}: JSON error body: {e}"));
+        assert!(body["error"].is_string(), "{what}: {body}");
+        let health = http.get(format!("{}/healthz", node.admin_url())).send().await.unwrap();
+        assert_eq!(health.status(), 200, "{what}: the process stays healthy");
+    }
+    // Oversized headers are refused by the server, not by a crash.
+    let status_line = raw_request(
+        node.ip,
+        &format!("GET /v1/sessions/x HTTP/1.1\r\nhost: x\r\nx-huge: {}\r\n\r\n", "h".repeat(100 * 1024)),
+    )
+    .await;
+    assert!(status_line.starts_with("HTTP/1.1 431"), "oversized head: {status_line:?}");
+    // And the node still serves a well-formed turn after all of that.
+    let ok = cluster.client().turn("after-bad-input", &json!({ "text": "fine" })).await.unwrap();
+    assert_eq!(ok.status, 200);
+    let mut cluster = cluster;
+    assert!(cluster.nodes[0].sidecar.is_running(), "never crashed");
+}
+
+/// Send raw bytes to the public port and return the response's status line.
+async fn raw_request(ip: std::net::Ipv4Addr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect((ip, localcluster::cluster::PUBLIC_PORT)).await.unwrap();
+    let _ = stream.write_all(request.as_bytes()).await; // the server may stop reading early
+    let mut buf = vec![0; 256];
+    let n = stream.read(&mut buf).await.unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_owned()
+}
