@@ -63,6 +63,9 @@ pub struct ClusterOptions {
     pub cluster_secret: Option<String>,
     /// Fixed addresses (the demo uses 127.0.0.x); `None` allocates unique ones.
     pub ips: Option<Vec<Ipv4Addr>>,
+    /// The agent to run instead of the demo agent: program, arguments and environment;
+    /// `--listen <ip:port>` is appended.
+    pub agent_command: Option<(PathBuf, Vec<(String, String)>)>,
 }
 
 impl Default for ClusterOptions {
@@ -74,6 +77,7 @@ impl Default for ClusterOptions {
             drain_timeout: Duration::from_secs(5),
             cluster_secret: Some(format!("secret-{}", uuid::Uuid::new_v4().simple())),
             ips: None,
+            agent_command: None,
         }
     }
 }
@@ -232,15 +236,25 @@ impl Cluster {
             None => args.push("--insecure-peer".to_owned()),
         }
         let sidecar = Node::spawn_sidecar(name, &args, log_dir);
-        let mut agent_cmd = Command::new(binary("leasehold-demo-agent"));
-        agent_cmd.args([
-            "--listen",
-            &format!("{ip}:{DEMO_AGENT_PORT}"),
-            "--sidecar-url",
-            &format!("http://{ip}:{AGENT_API_PORT}"),
-            "--node-id",
-            name,
-        ]);
+        let agent_cmd = match &options.agent_command {
+            Some((program, env)) => {
+                let mut cmd = Command::new(program);
+                cmd.envs(env.iter().cloned()).args(["--listen", &format!("{ip}:{DEMO_AGENT_PORT}")]);
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new(binary("leasehold-demo-agent"));
+                cmd.args([
+                    "--sidecar-url",
+                    &format!("http://{ip}:{AGENT_API_PORT}"),
+                    "--node-id",
+                    name,
+                    "--listen",
+                    &format!("{ip}:{DEMO_AGENT_PORT}"),
+                ]);
+                cmd
+            }
+        };
         let agent =
             Proc::spawn(&format!("{name}/agent"), agent_cmd, &log_dir.join(format!("{name}-agent.log")))
                 .expect("spawn demo agent");

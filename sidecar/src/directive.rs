@@ -83,9 +83,9 @@ impl Refusal {
         Retry { delay_ms: ms(delay).max(1), budget_ms: ms(budget).max(ms(delay)) }
     }
 
-    /// `Retry-After` in whole seconds, rounded up.
+    /// `Retry-After` in whole seconds, rounded up (at least 1: the header has no fractions).
     pub fn retry_after_secs(&self) -> u64 {
-        self.retry().delay_ms.div_ceil(1000)
+        self.retry().delay_ms.div_ceil(1000).max(1)
     }
 
     pub fn body(&self) -> RefusalBody {

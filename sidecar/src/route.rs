@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    directive::Refusal,
+    directive::{Refusal, RefusalBody},
     dispatch::{Agent, Turn},
     forward::{ForwardError, Forwarder},
     inflight::{InFlight, InFlightGuard},
@@ -25,6 +25,19 @@ pub enum Reply {
     Refused(Refusal),
     /// It may have run remotely (or on our agent): `502 owner_failed`, never retried.
     OwnerFailed,
+    /// The owner's sidecar refused with a directive: passed through as it is.
+    PeerRefused(RefusalBody),
+}
+
+/// Peer refusals that mean "not here": nothing ran, the session may have moved.
+const MOVED_CODES: [&str; 2] = ["draining", "owner_unreachable"];
+
+/// The outcome of one hop.
+#[derive(Debug)]
+enum Hop {
+    Answered(Reply),
+    NotConnected,
+    Moved(RefusalBody),
 }
 
 /// Where the request entered: the public port may forward once; the peer port never
@@ -74,44 +87,71 @@ impl TurnRouter {
         }
     }
 
-    /// Forward to the owner; if it was not reachable, re-claim once and act on that.
-    async fn forward(&self, turn: Turn, holder: Holder) -> Reply {
-        match self.forwarder.forward(&holder.peer_addr, &turn).await {
-            Ok(response) => return self.forwarded(response),
+    /// One hop to `holder`: its answer, or why we should re-resolve.
+    async fn hop(&self, turn: &Turn, holder: &Holder) -> Hop {
+        let response = match self.forwarder.forward(&holder.peer_addr, turn).await {
+            Ok(response) => response,
             Err(ForwardError::Failed { addr, source }) => {
                 tracing::warn!(%addr, error = %source, "forward failed after sending");
                 self.metrics.turn("forwarded", "owner_failed");
-                return Reply::OwnerFailed;
+                return Hop::Answered(Reply::OwnerFailed);
             }
             Err(ForwardError::NotConnected { addr, source }) => {
-                tracing::info!(%addr, error = %source, "owner unreachable; re-claiming");
+                tracing::info!(%addr, error = %source, "owner unreachable");
+                return Hop::NotConnected;
+            }
+        };
+        if response.status() != http::StatusCode::SERVICE_UNAVAILABLE {
+            self.metrics.turn("forwarded", response.status().as_str());
+            return Hop::Answered(Reply::Forwarded(response));
+        }
+        // A refusal from the peer: if it refused before running anything because it no
+        // longer owns the session (or is draining), the lease may have moved: re-resolve.
+        let bytes = response.bytes().await.unwrap_or_default();
+        match serde_json::from_slice::<RefusalBody>(&bytes) {
+            Ok(body) if body.retry.is_some() && MOVED_CODES.contains(&body.error.as_str()) => Hop::Moved(body),
+            Ok(body) => {
+                self.metrics.turn("forwarded", &body.error);
+                Hop::Answered(Reply::PeerRefused(body))
+            }
+            Err(_) => {
+                self.metrics.turn("forwarded", "owner_failed");
+                Hop::Answered(Reply::OwnerFailed)
             }
         }
+    }
+
+    /// Forward to the owner; if it was unreachable or refused as not (or no longer) the
+    /// owner, re-claim once and act on that: run here, or one more hop to a new owner.
+    async fn forward(&self, turn: Turn, holder: Holder) -> Reply {
+        let first = match self.hop(&turn, &holder).await {
+            Hop::Answered(reply) => return reply,
+            other => other,
+        };
         let next = match self.ownership.resolve(&turn.key, true).await {
             Err(e) => return self.unresolved(e),
             Ok(Route::Local(lease)) => return self.run_local(turn, lease).await,
             Ok(Route::Remote(next)) => next,
         };
         if next.owner == holder.owner {
-            // Its lease is live but it is unreachable: it becomes claimable when it expires.
-            return self
-                .refuse("forwarded", Refusal::TakeoverPending { remaining: next.remaining, ttl: self.ttl });
+            return match first {
+                // Its lease is live but it is unreachable: claimable when it expires.
+                Hop::NotConnected => self
+                    .refuse("forwarded", Refusal::TakeoverPending { remaining: next.remaining, ttl: self.ttl }),
+                // Still its lease (e.g. draining, not handed back yet): its directive stands.
+                Hop::Moved(body) | Hop::Answered(Reply::PeerRefused(body)) => {
+                    self.metrics.turn("forwarded", &body.error);
+                    Reply::PeerRefused(body)
+                }
+                Hop::Answered(reply) => reply,
+            };
         }
-        match self.forwarder.forward(&next.peer_addr, &turn).await {
-            Ok(response) => self.forwarded(response),
-            Err(ForwardError::NotConnected { .. }) => {
+        match self.hop(&turn, &next).await {
+            Hop::Answered(reply) => reply,
+            Hop::NotConnected | Hop::Moved(_) => {
                 self.refuse("forwarded", Refusal::OwnerUnreachable { ttl: self.ttl })
             }
-            Err(ForwardError::Failed { .. }) => {
-                self.metrics.turn("forwarded", "owner_failed");
-                Reply::OwnerFailed
-            }
         }
-    }
-
-    fn forwarded(&self, response: reqwest::Response) -> Reply {
-        self.metrics.turn("forwarded", response.status().as_str());
-        Reply::Forwarded(response)
     }
 
     /// Dispatch to our agent. Halted at once if the session is stood down meanwhile.

@@ -3,7 +3,7 @@
 //! only within a short window and only once (nonces are remembered for the window).
 
 use std::{
-    collections::HashMap,
+    collections::HashSet,
     sync::Mutex,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -39,7 +39,28 @@ pub enum AuthError {
 #[derive(Debug)]
 pub struct PeerAuth {
     secret: Option<Vec<u8>>,
-    seen: Mutex<HashMap<String, u64>>,
+    seen: Mutex<Nonces>,
+}
+
+/// Nonces of accepted proofs in two generations: a nonce is remembered for at least one
+/// generation, 2 × PROOF_WINDOW, which is as long as any accepted proof (timestamp within
+/// PROOF_WINDOW either side of now) can stay fresh. O(1) per request, no scanning.
+#[derive(Debug, Default)]
+struct Nonces {
+    current: HashSet<String>,
+    previous: HashSet<String>,
+    current_since_ms: u64,
+}
+
+impl Nonces {
+    /// Record `nonce`; false if it was already seen.
+    fn insert(&mut self, nonce: &str, now_ms: u64) -> bool {
+        if now_ms.saturating_sub(self.current_since_ms) > 2 * window_ms() {
+            self.previous = std::mem::take(&mut self.current);
+            self.current_since_ms = now_ms;
+        }
+        !self.previous.contains(nonce) && self.current.insert(nonce.to_owned())
+    }
 }
 
 fn now_ms() -> u64 {
@@ -52,7 +73,7 @@ fn window_ms() -> u64 {
 
 impl PeerAuth {
     pub fn new(secret: Option<&str>) -> Self {
-        PeerAuth { secret: secret.map(|s| s.as_bytes().to_vec()), seen: Mutex::new(HashMap::new()) }
+        PeerAuth { secret: secret.map(|s| s.as_bytes().to_vec()), seen: Mutex::new(Nonces::default()) }
     }
 
     fn mac(&self, secret: &[u8], method: &str, path: &str, ts: &str, nonce: &str, body: &[u8]) -> HmacSha256 {
@@ -103,9 +124,7 @@ impl PeerAuth {
             .verify_slice(&signature)
             .map_err(|_| AuthError::BadSignature)?;
         // Only a correctly signed proof reaches the nonce cache, so it cannot be flooded.
-        let mut seen = self.seen.lock().expect("nonce cache lock");
-        seen.retain(|_, expires| *expires > now);
-        if seen.insert(nonce.to_owned(), ts_ms + window_ms()).is_some() {
+        if !self.seen.lock().expect("nonce cache lock").insert(nonce, now) {
             return Err(AuthError::Replayed);
         }
         Ok(())

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::{
-    directive::Refusal,
+    directive::{Refusal, RefusalBody},
     dispatch::{EPOCH_HEADER, OWNER_HEADER},
     route::Reply,
 };
@@ -25,9 +25,13 @@ pub fn error(status: StatusCode, code: &str, message: impl Into<Option<String>>)
 }
 
 pub fn refusal(refusal: &Refusal) -> Response {
-    let retry_after = HeaderValue::from(refusal.retry_after_secs());
-    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, retry_after)], Json(refusal.body()))
-        .into_response()
+    refusal_body(refusal.body())
+}
+
+/// A `503` with its directive: `Retry-After` in whole seconds, rounded up.
+pub fn refusal_body(body: RefusalBody) -> Response {
+    let secs = body.retry.map_or(1, |r| r.delay_ms.div_ceil(1000).max(1));
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, HeaderValue::from(secs))], Json(body)).into_response()
 }
 
 pub fn owner_failed() -> Response {
@@ -88,6 +92,7 @@ pub fn reply(reply: Reply, node_id: &str) -> Response {
     match reply {
         Reply::Refused(r) => refusal(&r),
         Reply::OwnerFailed => owner_failed(),
+        Reply::PeerRefused(body) => refusal_body(body),
         Reply::Forwarded(upstream) => stream_back(upstream, ()),
         Reply::Local { response, lease, guard } => {
             let halt = lease.halt.clone();

@@ -80,12 +80,16 @@ impl fmt::Display for Epoch {
     }
 }
 
-/// The identity of one sidecar process: `<node-id>/<boot-id>`.
+/// The identity of one sidecar process: `<node-id>/<boot-id>`. Cheap to clone: it is
+/// copied into every local lease and remembered holder.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Owner {
-    node_id: String,
-    boot_id: String,
+pub struct Owner(std::sync::Arc<OwnerParts>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct OwnerParts {
     full: String,
+    /// Byte index of the `/` between node id and boot id.
+    split: usize,
 }
 
 impl Owner {
@@ -95,11 +99,7 @@ impl Owner {
     }
 
     pub fn from_parts(node_id: &str, boot_id: &str) -> Self {
-        Owner {
-            node_id: node_id.to_owned(),
-            boot_id: boot_id.to_owned(),
-            full: format!("{node_id}/{boot_id}"),
-        }
+        Owner(std::sync::Arc::new(OwnerParts { full: format!("{node_id}/{boot_id}"), split: node_id.len() }))
     }
 
     /// Parse `<node-id>/<boot-id>` as stored in the database. The node id may not
@@ -110,21 +110,21 @@ impl Owner {
     }
 
     pub fn node_id(&self) -> &str {
-        &self.node_id
+        &self.0.full[..self.0.split]
     }
 
     pub fn boot_id(&self) -> &str {
-        &self.boot_id
+        &self.0.full[self.0.split + 1..]
     }
 
     pub fn as_str(&self) -> &str {
-        &self.full
+        &self.0.full
     }
 }
 
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.full)
+        f.write_str(self.as_str())
     }
 }
 
@@ -139,6 +139,20 @@ pub(crate) fn remaining(ms: i64) -> Duration {
 }
 
 /// Handle to the lease store. Cheap to clone (wraps a connection pool).
+#[cfg(test)]
+mod tests {
+    use super::Owner;
+
+    #[test]
+    fn owner_parts_round_trip() {
+        let owner = Owner::parse("agents-7d9f-x2/3f2a9c").unwrap();
+        assert_eq!((owner.node_id(), owner.boot_id()), ("agents-7d9f-x2", "3f2a9c"));
+        assert_eq!(owner.to_string(), "agents-7d9f-x2/3f2a9c");
+        assert_eq!(Owner::new_boot("n").node_id(), "n");
+        assert!(Owner::parse("no-slash").is_none() && Owner::parse("/b").is_none() && Owner::parse("a/").is_none());
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LeaseStore {
     pool: PgPool,

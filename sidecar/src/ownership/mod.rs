@@ -6,6 +6,8 @@
 //! that shows a session is no longer ours (a fenced write, a lost boot, a claim naming
 //! someone else) stands it down: its in-flight turn is halted and the agent is told.
 
+mod holders;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -87,6 +89,7 @@ pub struct Ownership {
     table: Mutex<HashMap<SessionKey, Entry>>,
     stood_down: mpsc::UnboundedSender<SessionKey>,
     metrics: Arc<Metrics>,
+    holders: holders::Holders,
 }
 
 impl Ownership {
@@ -97,7 +100,14 @@ impl Ownership {
         stood_down: mpsc::UnboundedSender<SessionKey>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Ownership { store, node, table: Mutex::new(HashMap::new()), stood_down, metrics }
+        Ownership {
+            store,
+            node,
+            table: Mutex::new(HashMap::new()),
+            stood_down,
+            metrics,
+            holders: holders::Holders::default(),
+        }
     }
 
     pub fn store(&self) -> &LeaseStore {
@@ -128,13 +138,20 @@ impl Ownership {
         })
     }
 
-    /// Resolve the owner of `key`: claim unless the fast path applies. `fresh` forces a
-    /// claim (the re-claim after a forward found the owner unreachable).
+    /// Resolve the owner of `key`: claim unless the fast path applies (we hold it, or we
+    /// recently learned who does). `fresh` forces a claim (the re-claim after a forward
+    /// found the owner unreachable or refusing).
     pub async fn resolve(&self, key: &SessionKey, fresh: bool) -> Result<Route, ResolveError> {
-        if !fresh {
+        if fresh {
+            self.holders.forget(key);
+        } else {
             if let Some(local) = self.fast_path(key) {
                 self.metrics.resolved("fast_path");
                 return Ok(Route::Local(local));
+            }
+            if let Some(holder) = self.holders.get(key) {
+                self.metrics.resolved("known_holder");
+                return Ok(Route::Remote(holder));
             }
         }
         let (owner, store_reachable) = {
@@ -164,6 +181,7 @@ impl Ownership {
             Claim::Held(holder) => {
                 // Someone else holds it live: whatever we remembered is stale.
                 self.stand_down_any(key, StandDownReason::LeaseLost);
+                self.holders.remember(key, &holder);
                 Ok(Route::Remote(holder))
             }
             owned => {
@@ -223,6 +241,11 @@ impl Ownership {
         entry.halt.cancel();
         self.metrics.stood_down(reason);
         let _ = self.stood_down.send(key.clone());
+    }
+
+    /// Another boot handed its sessions back or was revoked: stop forwarding to it.
+    pub fn forget_holder(&self, owner: &Owner) {
+        self.holders.forget_owner(owner);
     }
 
     /// A boot's node lease was lost: every session it held is gone.

@@ -1,0 +1,176 @@
+//! The cost of the data plane, every path measured in the same run, rounds interleaved:
+//! (a) client → trivial agent directly;
+//! (b) client → owner's sidecar → agent (local dispatch, lease fresh);
+//! (c) client → non-owner sidecar → owner's sidecar → agent (one authenticated hop);
+//! (d) client → nginx (plain reverse proxy) → owner's sidecar → agent: the same hop as
+//!     (c), with nginx in place of our forwarding sidecar.
+//! Also counts database transactions per turn on path (b).
+//!
+//! Run: `make bench` (needs nginx: `apt-get install nginx-light`; DATABASE_URL is set by
+//! scripts/with-postgres.sh).
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use axum::{routing::post, Json, Router};
+use localcluster::{cluster::PUBLIC_PORT, Cluster, ClusterOptions, Proc};
+use sqlx::{Connection, PgConnection};
+
+const CONCURRENCY: [usize; 2] = [1, 16];
+const ROUND: Duration = Duration::from_secs(3);
+const ROUNDS: usize = 3;
+const NGINX_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 31);
+const SESSION: &str = "bench-session";
+
+/// The trivial agent: answers every turn at once.
+async fn trivial_agent() {
+    let listen = std::env::args().skip_while(|a| a != "--listen").nth(1).expect("--listen");
+    let app = Router::new().route(
+        "/sessions/{key}/turns",
+        post(|| async { Json(serde_json::json!({ "ok": true })) }),
+    );
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    axum::serve(listener, app).await.unwrap();
+}
+
+struct Stats {
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    per_sec: f64,
+    n: usize,
+}
+
+async fn load(url: &str, concurrency: usize) -> Stats {
+    let http = reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(concurrency).build().unwrap();
+    let deadline = Instant::now() + ROUND;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.to_owned());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    let response = http.post(&url).body(r#"{"text":"hi"}"#).send().await.unwrap();
+                    assert!(response.status().is_success(), "{url}: {}", response.status());
+                    response.bytes().await.unwrap();
+                    samples.push(t0.elapsed());
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let wall = started.elapsed();
+    all.sort();
+    let at = |q: f64| all[((all.len() as f64 * q) as usize).min(all.len() - 1)];
+    Stats { p50: at(0.5), p90: at(0.9), p99: at(0.99), per_sec: all.len() as f64 / wall.as_secs_f64(), n: all.len() }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn start_nginx(upstream: Ipv4Addr, dir: &std::path::Path) -> Proc {
+    let conf = format!(
+        "worker_processes auto;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nevents {{ worker_connections 1024; }}\n\
+         http {{\n  access_log off;\n  upstream owner {{ server {upstream}:{PUBLIC_PORT}; keepalive 64; }}\n\
+           server {{\n    listen {NGINX_IP}:{PUBLIC_PORT};\n    location / {{\n      proxy_pass http://owner;\n\
+               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n",
+        dir = dir.display()
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let mut cmd = std::process::Command::new("nginx");
+    cmd.args(["-p", &dir.to_string_lossy(), "-c", &path.to_string_lossy(), "-g", "daemon off;"]);
+    Proc::spawn("nginx", cmd, &dir.join("stdout.log")).expect("nginx is installed (apt-get install nginx-light)")
+}
+
+async fn transactions(url: &str) -> i64 {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar::<_, i64>("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::var("LEASEHOLD_BENCH_ROLE").as_deref() == Ok("trivial-agent") {
+        return trivial_agent().await;
+    }
+    let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
+    let db = localcluster::postgres::fresh_database(&admin).await.unwrap();
+    let me = std::env::current_exe().unwrap();
+    let options = ClusterOptions {
+        nodes: 2,
+        lease_ttl: Duration::from_secs(15),
+        heartbeat: Duration::from_secs(5),
+        agent_command: Some((me, vec![("LEASEHOLD_BENCH_ROLE".into(), "trivial-agent".into())])),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let (owner, other) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let nginx_dir = tempfile::tempdir().unwrap();
+    let mut nginx = start_nginx(owner.ip, nginx_dir.path());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The owner claims the session once; from here its lease is fresh.
+    let first = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{SESSION}/turns", owner.public_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.headers()["leasehold-owner"], "node-a");
+
+    let turns = format!("/v1/sessions/{SESSION}/turns");
+    let paths: [(&str, String); 4] = [
+        ("(a) direct to agent", format!("http://{}:{}/sessions/{SESSION}/turns", owner.ip, localcluster::cluster::DEMO_AGENT_PORT)),
+        ("(b) owner sidecar", format!("{}{turns}", owner.public_url())),
+        ("(c) non-owner sidecar, one hop", format!("{}{turns}", other.public_url())),
+        ("(d) nginx hop to owner sidecar", format!("http://{NGINX_IP}:{PUBLIC_PORT}{turns}")),
+    ];
+    let (mut b_turns, mut b_txns) = (0usize, 0i64);
+    for concurrency in CONCURRENCY {
+        println!("## Data plane: {concurrency} concurrent client(s), {ROUNDS} rounds of {ROUND:?} per path, interleaved\n");
+        println!("| round | path | p50 ms | p90 ms | p99 ms | turns/s |");
+        println!("|---|---|---|---|---|---|");
+        let mut p90 = [Duration::ZERO; 4];
+        let mut rate = [0.0; 4];
+        for round in 0..ROUNDS {
+            for (i, (name, url)) in paths.iter().enumerate() {
+                let before = if i == 1 { transactions(&db).await } else { 0 };
+                let s = load(url, concurrency).await;
+                if i == 1 {
+                    b_txns += transactions(&db).await - before - 1; // minus our own read
+                    b_turns += s.n;
+                }
+                p90[i] += s.p90 / ROUNDS as u32;
+                rate[i] += s.per_sec / ROUNDS as f64;
+                println!("| {round} | {name} | {} | {} | {} | {:.0} |", ms(s.p50), ms(s.p90), ms(s.p99), s.per_sec);
+            }
+        }
+        println!("\nMean p90 over rounds: (a) {} (b) {} (c) {} (d) {} ms", ms(p90[0]), ms(p90[1]), ms(p90[2]), ms(p90[3]));
+        println!("Added by our hop, (c) - (a) at p90: {} ms (target <= 0.5 ms)", ms(p90[2].saturating_sub(p90[0])));
+        println!("Added by the owner sidecar, (b) - (a) at p90: {} ms", ms(p90[1].saturating_sub(p90[0])));
+        println!(
+            "Our hop vs nginx's hop, (c) / (d) at p90: {:.3} (target <= 1.0); throughput (c)/(d): {:.3}\n",
+            p90[2].as_secs_f64() / p90[3].as_secs_f64(),
+            rate[2] / rate[3]
+        );
+    }
+    let fast = owner.metric("leasehold_resolutions_total", "fast_path").await;
+    let claims = owner.metric("leasehold_resolutions_total", "").await - fast;
+    println!(
+        "Path (b): {b_turns} turns, {b_txns} database transactions in that time ({:.4} per turn, heartbeats included); owner resolutions: {fast} fast path, {claims} claims\n",
+        b_txns as f64 / b_turns as f64
+    );
+    // SIGTERM lets the nginx master stop its workers (SIGKILL would orphan them).
+    nginx.terminate(Duration::from_secs(5));
+    drop(cluster);
+}
