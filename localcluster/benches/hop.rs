@@ -27,10 +27,8 @@ const SESSION: &str = "bench-session";
 /// The trivial agent: answers every turn at once.
 async fn trivial_agent() {
     let listen = std::env::args().skip_while(|a| a != "--listen").nth(1).expect("--listen");
-    let app = Router::new().route(
-        "/sessions/{key}/turns",
-        post(|| async { Json(serde_json::json!({ "ok": true })) }),
-    );
+    let app = Router::new()
+        .route("/sessions/{key}/turns", post(|| async { Json(serde_json::json!({ "ok": true })) }));
     let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
     axum::serve(listener, app).await.unwrap();
 }
@@ -44,7 +42,8 @@ struct Stats {
 }
 
 async fn load(url: &str, concurrency: usize) -> Stats {
-    let http = reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(concurrency).build().unwrap();
+    let http =
+        reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(concurrency).build().unwrap();
     let deadline = Instant::now() + ROUND;
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
@@ -70,7 +69,13 @@ async fn load(url: &str, concurrency: usize) -> Stats {
     let wall = started.elapsed();
     all.sort();
     let at = |q: f64| all[((all.len() as f64 * q) as usize).min(all.len() - 1)];
-    Stats { p50: at(0.5), p90: at(0.9), p99: at(0.99), per_sec: all.len() as f64 / wall.as_secs_f64(), n: all.len() }
+    Stats {
+        p50: at(0.5),
+        p90: at(0.9),
+        p99: at(0.99),
+        per_sec: all.len() as f64 / wall.as_secs_f64(),
+        n: all.len(),
+    }
 }
 
 fn ms(d: Duration) -> String {
@@ -89,15 +94,18 @@ fn start_nginx(upstream: Ipv4Addr, dir: &std::path::Path) -> Proc {
     std::fs::write(&path, conf).unwrap();
     let mut cmd = std::process::Command::new("nginx");
     cmd.args(["-p", &dir.to_string_lossy(), "-c", &path.to_string_lossy(), "-g", "daemon off;"]);
-    Proc::spawn("nginx", cmd, &dir.join("stdout.log")).expect("nginx is installed (apt-get install nginx-light)")
+    Proc::spawn("nginx", cmd, &dir.join("stdout.log"))
+        .expect("nginx is installed (apt-get install nginx-light)")
 }
 
 async fn transactions(url: &str) -> i64 {
     let mut conn = PgConnection::connect(url).await.unwrap();
-    sqlx::query_scalar::<_, i64>("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap()
+    sqlx::query_scalar::<_, i64>(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
 }
 
 #[tokio::main]
@@ -130,7 +138,14 @@ async fn main() {
 
     let turns = format!("/v1/sessions/{SESSION}/turns");
     let paths: [(&str, String); 4] = [
-        ("(a) direct to agent", format!("http://{}:{}/sessions/{SESSION}/turns", owner.ip, localcluster::cluster::DEMO_AGENT_PORT)),
+        (
+            "(a) direct to agent",
+            format!(
+                "http://{}:{}/sessions/{SESSION}/turns",
+                owner.ip,
+                localcluster::cluster::DEMO_AGENT_PORT
+            ),
+        ),
         ("(b) owner sidecar", format!("{}{turns}", owner.public_url())),
         ("(c) non-owner sidecar, one hop", format!("{}{turns}", other.public_url())),
         ("(d) nginx hop to owner sidecar", format!("http://{NGINX_IP}:{PUBLIC_PORT}{turns}")),
@@ -152,11 +167,26 @@ async fn main() {
                 }
                 p90[i] += s.p90 / ROUNDS as u32;
                 rate[i] += s.per_sec / ROUNDS as f64;
-                println!("| {round} | {name} | {} | {} | {} | {:.0} |", ms(s.p50), ms(s.p90), ms(s.p99), s.per_sec);
+                println!(
+                    "| {round} | {name} | {} | {} | {} | {:.0} |",
+                    ms(s.p50),
+                    ms(s.p90),
+                    ms(s.p99),
+                    s.per_sec
+                );
             }
         }
-        println!("\nMean p90 over rounds: (a) {} (b) {} (c) {} (d) {} ms", ms(p90[0]), ms(p90[1]), ms(p90[2]), ms(p90[3]));
-        println!("Added by our hop, (c) - (a) at p90: {} ms (target <= 0.5 ms)", ms(p90[2].saturating_sub(p90[0])));
+        println!(
+            "\nMean p90 over rounds: (a) {} (b) {} (c) {} (d) {} ms",
+            ms(p90[0]),
+            ms(p90[1]),
+            ms(p90[2]),
+            ms(p90[3])
+        );
+        println!(
+            "Added by our hop, (c) - (a) at p90: {} ms (target <= 0.5 ms)",
+            ms(p90[2].saturating_sub(p90[0]))
+        );
         println!("Added by the owner sidecar, (b) - (a) at p90: {} ms", ms(p90[1].saturating_sub(p90[0])));
         println!(
             "Our hop vs nginx's hop, (c) / (d) at p90: {:.3} (target <= 1.0); throughput (c)/(d): {:.3}\n",

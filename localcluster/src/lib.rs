@@ -3,9 +3,11 @@
 //! PID when its handle is dropped.
 
 pub mod cluster;
+pub mod observer;
 pub mod postgres;
 pub mod process;
 
 pub use cluster::{Cluster, ClusterOptions, Node};
+pub use observer::Observer;
 pub use postgres::Postgres;
 pub use process::Proc;

@@ -84,7 +84,7 @@ impl AgentApi {
         if lease.halt.is_cancelled() {
             return Err(WriteError::Fenced); // stood down while we checked
         }
-        Ok(self.hubs.publish(key, epoch, kind, data))
+        Ok(self.hubs.publish(key, epoch, &kind, data.get()))
     }
 
     /// The session idled out: release it (claimable at once) and stop holding it.

@@ -11,6 +11,7 @@ use crate::{
     heartbeat::Stopper,
     inflight::InFlight,
     metrics::Metrics,
+    observe::Hubs,
     ownership::{Ownership, StandDownReason},
     store,
 };
@@ -39,6 +40,7 @@ pub struct Drain {
     pub inflight: Arc<InFlight>,
     pub heartbeat: Stopper,
     pub metrics: Arc<Metrics>,
+    pub hubs: Arc<Hubs>,
     pub timeout: Duration,
 }
 
@@ -48,17 +50,11 @@ impl Drain {
         inflight: Arc<InFlight>,
         heartbeat: Stopper,
         metrics: Arc<Metrics>,
+        hubs: Arc<Hubs>,
         timeout: Duration,
     ) -> Self {
-        Drain {
-            draining: watch::Sender::new(false),
-            done: OnceCell::new(),
-            ownership,
-            inflight,
-            heartbeat,
-            metrics,
-            timeout,
-        }
+        let draining = watch::Sender::new(false);
+        Drain { draining, done: OnceCell::new(), ownership, inflight, heartbeat, metrics, hubs, timeout }
     }
 
     /// Observed by the router: `true` refuses new work with `draining`.
@@ -95,6 +91,7 @@ impl Drain {
         let handed_back = self.hand_back(&owner).await?;
         self.ownership.forget_all();
         self.metrics.handed_back(handed_back);
+        self.hubs.reconnect_all();
         let report = DrainReport {
             handed_back,
             in_flight_finished: started_with.saturating_sub(still_running),

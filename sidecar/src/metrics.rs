@@ -36,6 +36,9 @@ pub struct Metrics {
     leases_held: Gauge,
     in_flight: Gauge,
     handed_back: Counter,
+    observers: Gauge,
+    upstreams: Gauge,
+    observers_cut: Counter,
 }
 
 impl Default for Metrics {
@@ -58,6 +61,9 @@ impl Metrics {
             leases_held: Gauge::default(),
             in_flight: Gauge::default(),
             handed_back: Counter::default(),
+            observers: Gauge::default(),
+            upstreams: Gauge::default(),
+            observers_cut: Counter::default(),
         };
         registry.register(
             "resolutions",
@@ -84,6 +90,17 @@ impl Metrics {
             m.in_flight.clone(),
         );
         registry.register("handed_back", "Sessions handed back by drains", m.handed_back.clone());
+        registry.register("observers", "Open /stream connections on this node", m.observers.clone());
+        registry.register(
+            "upstreams",
+            "Upstream streams this node holds to other owners",
+            m.upstreams.clone(),
+        );
+        registry.register(
+            "observers_cut",
+            "Observers cut for falling behind the buffer",
+            m.observers_cut.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -121,6 +138,18 @@ impl Metrics {
 
     pub fn handed_back(&self, n: u64) {
         self.handed_back.inc_by(n);
+    }
+
+    pub fn observers(&self, delta: i64) {
+        self.observers.inc_by(delta);
+    }
+
+    pub fn upstreams(&self, delta: i64) {
+        self.upstreams.inc_by(delta);
+    }
+
+    pub fn observer_cut(&self) {
+        self.observers_cut.inc();
     }
 
     pub fn encode(&self) -> String {

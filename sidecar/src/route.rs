@@ -52,7 +52,7 @@ pub enum Entry {
 pub struct TurnRouter {
     pub ownership: Arc<Ownership>,
     pub agent: Agent,
-    pub forwarder: Forwarder,
+    pub forwarder: Arc<Forwarder>,
     pub inflight: Arc<InFlight>,
     pub metrics: Arc<Metrics>,
     pub ttl: Duration,
@@ -109,7 +109,9 @@ impl TurnRouter {
         // longer owns the session (or is draining), the lease may have moved: re-resolve.
         let bytes = response.bytes().await.unwrap_or_default();
         match serde_json::from_slice::<RefusalBody>(&bytes) {
-            Ok(body) if body.retry.is_some() && MOVED_CODES.contains(&body.error.as_str()) => Hop::Moved(body),
+            Ok(body) if body.retry.is_some() && MOVED_CODES.contains(&body.error.as_str()) => {
+                Hop::Moved(body)
+            }
             Ok(body) => {
                 self.metrics.turn("forwarded", &body.error);
                 Hop::Answered(Reply::PeerRefused(body))
@@ -136,8 +138,10 @@ impl TurnRouter {
         if next.owner == holder.owner {
             return match first {
                 // Its lease is live but it is unreachable: claimable when it expires.
-                Hop::NotConnected => self
-                    .refuse("forwarded", Refusal::TakeoverPending { remaining: next.remaining, ttl: self.ttl }),
+                Hop::NotConnected => self.refuse(
+                    "forwarded",
+                    Refusal::TakeoverPending { remaining: next.remaining, ttl: self.ttl },
+                ),
                 // Still its lease (e.g. draining, not handed back yet): its directive stands.
                 Hop::Moved(body) | Hop::Answered(Reply::PeerRefused(body)) => {
                     self.metrics.turn("forwarded", &body.error);

@@ -6,7 +6,7 @@ use anyhow::Context;
 use std::{net::SocketAddr, time::Duration};
 
 use leasehold_sidecar::{
-    app::{notify_stand_downs, Listeners, Sidecar},
+    app::{notify_stand_downs, watch_ownership, Listeners, Sidecar},
     config::Config,
     dispatch::Agent,
     heartbeat::{Heartbeat, HeartbeatHandle},
@@ -108,7 +108,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         LeaseStore::connect_lazy(&config.database_url, DEFAULT_POOL_SIZE).context("--database-url")?;
     let mut heartbeat = start_heartbeat(&config, &store).await;
     let (app, stood_down) = Sidecar::new(&config, store, &heartbeat);
-    tokio::spawn(notify_stand_downs(Agent::new(&config.args.agent_url), stood_down));
+    tokio::spawn(notify_stand_downs(Agent::new(&config.args.agent_url), app.hubs.clone(), stood_down));
+    tokio::spawn(watch_ownership(app.clone()));
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(app.clone().serve(listeners, shutdown.clone()));
     tracing::info!(node_id = %config.node_id, peer = %config.advertise_peer_addr, "ready to serve");

@@ -5,7 +5,11 @@ pub mod auth;
 use std::time::Duration;
 
 pub use self::auth::{AuthError, PeerAuth};
-use crate::dispatch::{Turn, TURN_ID_HEADER};
+use crate::{
+    dispatch::{Turn, TURN_ID_HEADER},
+    key::SessionKey,
+    observe::EventId,
+};
 
 /// Pod-network connect: a peer that does not accept within this is treated as down.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -39,6 +43,8 @@ pub enum ForwardError {
 #[derive(Debug)]
 pub struct Forwarder {
     client: reqwest::Client,
+    /// For long-lived upstream event streams: no total timeout.
+    streams: reqwest::Client,
     auth: PeerAuth,
 }
 
@@ -50,11 +56,34 @@ impl Forwarder {
             .tcp_nodelay(true)
             .build()
             .expect("static client configuration");
-        Forwarder { client, auth: PeerAuth::new(secret) }
+        let streams = reqwest::Client::builder()
+            .connect_timeout(PEER_CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()
+            .expect("static client configuration");
+        Forwarder { client, streams, auth: PeerAuth::new(secret) }
     }
 
     pub fn auth(&self) -> &PeerAuth {
         &self.auth
+    }
+
+    /// Open the owner's event stream for `key`, after `after` when given.
+    pub async fn subscribe(
+        &self,
+        addr: &str,
+        key: &SessionKey,
+        after: Option<EventId>,
+    ) -> reqwest::Result<reqwest::Response> {
+        let mut path = format!("/peer/v1/sessions/{key}/stream");
+        if let Some(after) = after {
+            path.push_str(&format!("?after={after}"));
+        }
+        let mut req = self.streams.get(format!("http://{addr}{path}"));
+        for (name, value) in self.auth.sign("GET", &path, b"") {
+            req = req.header(name, value);
+        }
+        req.send().await
     }
 
     pub async fn forward(&self, addr: &str, turn: &Turn) -> Result<reqwest::Response, ForwardError> {

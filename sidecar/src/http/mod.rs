@@ -7,6 +7,7 @@ pub mod peer;
 pub mod public;
 pub mod reply;
 pub mod server;
+pub mod stream;
 
 use axum::{
     body::{Body, Bytes},

@@ -20,6 +20,7 @@ pub fn router(app: Arc<Sidecar>) -> Router {
     Router::new()
         .route("/peer/v1/sessions/{key}/turns", post(turn))
         .route("/peer/v1/sessions/{key}/events", post(event))
+        .route("/peer/v1/sessions/{key}/stream", axum::routing::get(super::stream::peer))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
@@ -33,7 +34,7 @@ async fn authenticate(State(app): State<Arc<Sidecar>>, request: Request, next: N
         Ok(body) => body,
         Err(rejected) => return rejected.into_response(),
     };
-    let path = parts.uri.path();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     if let Err(e) = app.router.forwarder.auth().verify(parts.method.as_str(), path, &parts.headers, &body) {
         tracing::warn!(%path, error = %e, "rejected peer request");
         app.metrics.peer_auth_failure();

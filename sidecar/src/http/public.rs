@@ -23,6 +23,7 @@ pub fn router(app: Arc<Sidecar>) -> Router {
     Router::new()
         .route("/v1/sessions/{key}/turns", post(turn))
         .route("/v1/sessions/{key}/events", post(event))
+        .route("/v1/sessions/{key}/stream", get(super::stream::observe))
         .route("/v1/sessions/{key}", get(session))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)

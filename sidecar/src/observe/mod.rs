@@ -1,21 +1,34 @@
-//! Per-session event hubs: the owner numbers each published event `<epoch>-<seq>`, keeps
-//! the recent ones for replay and fans them out to local subscribers.
+//! Observe from anywhere (CONTRACT §3 `/stream`).
+//!
+//! Every node keeps a hub per observed session: a bounded buffer of recent events for
+//! replay and a broadcast to local observers. On the owner, the agent's publishes feed the
+//! hub. On any other node with observers, ONE follower task per session resolves the owner
+//! and holds a single upstream stream from the owner's peer port, feeding the local hub,
+//! so N observers on a node cost one upstream. Ownership changes (LISTEN/NOTIFY) move the
+//! follower to the new owner; ids only grow, so a stale epoch is never delivered.
+
+mod follow;
+pub mod sse;
 
 use std::{
     collections::{HashMap, VecDeque},
     fmt,
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
-use serde_json::value::RawValue;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
+pub use self::follow::Follow;
 use crate::{key::SessionKey, store::Epoch};
 
-/// Events kept per session for late joiners.
+/// Events kept per session for late joiners: the current turn and a tail before it.
 pub const REPLAY_CAPACITY: usize = 1024;
-/// Events a slow local subscriber may lag before it is cut.
-pub const SUBSCRIBER_CAPACITY: usize = 1024;
+/// Messages a slow observer may lag behind before it is cut (it can reconnect with
+/// `Last-Event-ID` and catch up from the replay buffer).
+pub const OBSERVER_CAPACITY: usize = 1024;
+
+/// The event type that opens a turn: replay without `Last-Event-ID` starts there.
+pub const TURN_STARTED: &str = "turn_started";
 
 /// `<epoch>-<seq>`: strictly increasing per session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,82 +50,254 @@ impl EventId {
     }
 }
 
-/// One published event.
-#[derive(Debug, Clone)]
+/// One published event; `data` is JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub id: EventId,
-    pub kind: String,
-    pub data: Box<RawValue>,
+    pub kind: Arc<str>,
+    pub data: Arc<str>,
+}
+
+/// What a hub broadcasts to its observers.
+#[derive(Debug, Clone)]
+pub enum Message {
+    Event(Event),
+    /// No live owner right now; the stream stays open.
+    Idle,
+    /// This node no longer owns the session: peer streams end (their follower
+    /// re-resolves); public observers keep going.
+    Moved,
+    /// This node is draining: every stream says `reconnect` and closes.
+    Reconnect,
+    /// The hub now holds what the owner had buffered: observers that joined before
+    /// can compute their replay.
+    Primed,
 }
 
 #[derive(Debug)]
 struct Hub {
     last: Option<EventId>,
     recent: VecDeque<Event>,
-    tx: broadcast::Sender<Event>,
+    tx: broadcast::Sender<Message>,
+    /// Bumped on every ownership change that concerns this session.
+    changed: watch::Sender<u64>,
+    /// Public observers on this node (peer streams are not counted: they do not keep a
+    /// follower alive).
+    observers: usize,
+    following: bool,
+    idle: bool,
+    /// Holds the owner's buffer (we are the owner, or the upstream backfill arrived, or
+    /// there is no owner to backfill from).
+    primed: bool,
 }
 
 impl Hub {
     fn new() -> Self {
-        Hub { last: None, recent: VecDeque::new(), tx: broadcast::channel(SUBSCRIBER_CAPACITY).0 }
+        Hub {
+            last: None,
+            recent: VecDeque::new(),
+            tx: broadcast::channel(OBSERVER_CAPACITY).0,
+            changed: watch::Sender::new(0),
+            observers: 0,
+            following: false,
+            idle: false,
+            primed: false,
+        }
+    }
+
+    fn mark_primed(&mut self) {
+        if !std::mem::replace(&mut self.primed, true) {
+            let _ = self.tx.send(Message::Primed);
+        }
+    }
+
+    /// Add an event if it is newer than everything so far (the observe-path fence).
+    fn push(&mut self, event: Event) -> bool {
+        if self.last.is_some_and(|last| event.id <= last) {
+            return false;
+        }
+        self.last = Some(event.id);
+        self.idle = false;
+        if self.recent.len() == REPLAY_CAPACITY {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(event.clone());
+        let _ = self.tx.send(Message::Event(event)); // nobody listening is fine
+        true
+    }
+
+    /// What a new subscriber gets before the live stream.
+    fn replay(&self, after: Option<EventId>) -> Vec<Event> {
+        match after {
+            Some(after) => self.recent.iter().filter(|e| e.id > after).cloned().collect(),
+            None => {
+                let start = self.recent.iter().rposition(|e| &*e.kind == TURN_STARTED).unwrap_or(0);
+                self.recent.iter().skip(start).cloned().collect()
+            }
+        }
     }
 }
 
-/// All hubs of this node.
+/// A live subscription: the replay, then the broadcast.
+#[derive(Debug)]
+pub struct Subscription {
+    pub replay: Vec<Event>,
+    pub live: broadcast::Receiver<Message>,
+    pub idle: bool,
+    /// False: wait for `Message::Primed`, then take the replay with `Hubs::replay`.
+    pub primed: bool,
+}
+
+/// The hubs of this node.
 #[derive(Debug, Default)]
 pub struct Hubs {
     hubs: Mutex<HashMap<SessionKey, Hub>>,
+    observers: std::sync::atomic::AtomicUsize,
 }
 
 impl Hubs {
-    /// Number and fan out an event of `epoch`. The caller has already passed the fence.
-    pub fn publish(&self, key: &SessionKey, epoch: Epoch, kind: String, data: Box<RawValue>) -> EventId {
+    fn with<T>(&self, key: &SessionKey, f: impl FnOnce(&mut Hub) -> T) -> T {
         let mut hubs = self.hubs.lock().expect("hubs lock");
-        let hub = hubs.entry(key.clone()).or_insert_with(Hub::new);
-        let seq = match hub.last {
-            Some(last) if last.epoch == epoch => last.seq + 1,
-            _ => 1,
-        };
-        let id = EventId { epoch, seq };
-        hub.last = Some(id);
-        let event = Event { id, kind, data };
-        if hub.recent.len() == REPLAY_CAPACITY {
-            hub.recent.pop_front();
-        }
-        hub.recent.push_back(event.clone());
-        let _ = hub.tx.send(event); // no subscriber is fine
-        id
+        f(hubs.entry(key.clone()).or_insert_with(Hub::new))
     }
 
-    /// Events still buffered for `key` after `after` (all buffered when `None`).
+    /// Number and fan out an event our agent published at `epoch` (the fence passed).
+    pub fn publish(&self, key: &SessionKey, epoch: Epoch, kind: &str, data: &str) -> EventId {
+        self.with(key, |hub| {
+            let seq = match hub.last {
+                Some(last) if last.epoch == epoch => last.seq + 1,
+                _ => 1,
+            };
+            let id = EventId { epoch, seq };
+            hub.mark_primed();
+            hub.push(Event { id, kind: kind.into(), data: data.into() });
+            id
+        })
+    }
+
+    /// An event relayed from the owner; dropped if not newer than what we have.
+    pub fn ingest(&self, key: &SessionKey, event: Event) -> bool {
+        self.with(key, |hub| hub.push(event))
+    }
+
+    /// Subscribe: replay after `after` (or the current turn so far), then live. Both
+    /// taken under one lock, so nothing falls between them.
+    pub fn subscribe(&self, key: &SessionKey, after: Option<EventId>) -> Subscription {
+        self.with(key, |hub| Subscription {
+            replay: if hub.primed { hub.replay(after) } else { Vec::new() },
+            live: hub.tx.subscribe(),
+            idle: hub.idle,
+            primed: hub.primed,
+        })
+    }
+
+    /// The replay for a subscriber that waited for the hub to be primed.
     pub fn replay(&self, key: &SessionKey, after: Option<EventId>) -> Vec<Event> {
-        let hubs = self.hubs.lock().expect("hubs lock");
-        hubs.get(key)
-            .map(|hub| hub.recent.iter().filter(|e| after.is_none_or(|a| e.id > a)).cloned().collect())
-            .unwrap_or_default()
+        self.with(key, |hub| hub.replay(after))
+    }
+
+    /// The hub holds what there is to hold (see `Message::Primed`).
+    pub(crate) fn mark_primed(&self, key: &SessionKey) {
+        self.with(key, Hub::mark_primed);
+    }
+
+    /// Register a public observer. Returns true if a follower must be started.
+    pub fn observer_joined(&self, key: &SessionKey) -> bool {
+        self.observers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.with(key, |hub| {
+            hub.observers += 1;
+            !std::mem::replace(&mut hub.following, true)
+        })
+    }
+
+    pub fn observer_left(&self, key: &SessionKey) {
+        self.observers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let mut hubs = self.hubs.lock().expect("hubs lock");
+        if let Some(hub) = hubs.get_mut(key) {
+            hub.observers = hub.observers.saturating_sub(1);
+            if hub.observers == 0 {
+                hub.changed.send_modify(|n| *n += 1); // let the follower notice and stop
+            }
+        }
+    }
+
+    /// Public observers on this node, all sessions.
+    pub fn observer_count(&self) -> usize {
+        self.observers.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn observers_of(&self, key: &SessionKey) -> usize {
+        self.hubs.lock().expect("hubs lock").get(key).map_or(0, |h| h.observers)
+    }
+
+    /// The follower is done: drop the hub if nothing else needs it. Returns false (and
+    /// keeps following) if an observer joined meanwhile.
+    pub(crate) fn follower_done(&self, key: &SessionKey, owned_here: bool) -> bool {
+        let mut hubs = self.hubs.lock().expect("hubs lock");
+        let Some(hub) = hubs.get_mut(key) else { return true };
+        if hub.observers > 0 {
+            return false;
+        }
+        hub.following = false;
+        if !owned_here {
+            hubs.remove(key);
+        }
+        true
+    }
+
+    pub(crate) fn last_id(&self, key: &SessionKey) -> Option<EventId> {
+        self.hubs.lock().expect("hubs lock").get(key).and_then(|h| h.last)
+    }
+
+    pub(crate) fn changes(&self, key: &SessionKey) -> watch::Receiver<u64> {
+        self.with(key, |hub| hub.changed.subscribe())
+    }
+
+    /// Announce `idle` once per idle period (nothing to backfill either: primed).
+    pub(crate) fn set_idle(&self, key: &SessionKey) {
+        self.with(key, |hub| {
+            hub.mark_primed();
+            if !std::mem::replace(&mut hub.idle, true) {
+                let _ = hub.tx.send(Message::Idle);
+            }
+        });
+    }
+
+    /// Ownership of `key` changed somewhere: wake its follower.
+    pub fn changed(&self, key: &SessionKey) {
+        if let Some(hub) = self.hubs.lock().expect("hubs lock").get(key) {
+            hub.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Changes may have been missed (or a whole boot moved): wake every follower.
+    pub fn changed_all(&self) {
+        for hub in self.hubs.lock().expect("hubs lock").values() {
+            hub.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// We no longer own `key`: end peer streams served from here, wake our follower, and
+    /// drop the hub if no local observer needs it.
+    pub fn moved(&self, key: &SessionKey) {
+        let mut hubs = self.hubs.lock().expect("hubs lock");
+        if let Some(hub) = hubs.get(key) {
+            let _ = hub.tx.send(Message::Moved);
+            hub.changed.send_modify(|n| *n += 1);
+            if hub.observers == 0 && !hub.following {
+                hubs.remove(key);
+            }
+        }
+    }
+
+    /// Drain: every stream on this node says `reconnect` and closes.
+    pub fn reconnect_all(&self) {
+        for hub in self.hubs.lock().expect("hubs lock").values() {
+            let _ = hub.tx.send(Message::Reconnect);
+            hub.changed.send_modify(|n| *n += 1);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn raw(s: &str) -> Box<RawValue> {
-        RawValue::from_string(s.to_owned()).unwrap()
-    }
-
-    #[test]
-    fn ids_grow_per_epoch_and_restart_at_a_new_epoch() {
-        let hubs = Hubs::default();
-        let k = SessionKey::parse("s").unwrap();
-        let ids: Vec<String> = [1, 1, 2, 2]
-            .into_iter()
-            .map(|e| hubs.publish(&k, Epoch(e), "token".into(), raw("{}")).to_string())
-            .collect();
-        assert_eq!(ids, ["1-1", "1-2", "2-1", "2-2"]);
-        let after = EventId::parse("1-2").unwrap();
-        let replay: Vec<_> = hubs.replay(&k, Some(after)).into_iter().map(|e| e.id.to_string()).collect();
-        assert_eq!(replay, ["2-1", "2-2"]);
-        assert!(EventId::parse("x-1").is_none());
-    }
-}
+mod tests;

@@ -43,6 +43,10 @@ impl Holders {
         self.map.lock().expect("holders lock").remove(key);
     }
 
+    pub fn clear(&self) {
+        self.map.lock().expect("holders lock").clear();
+    }
+
     /// Forget every session of a boot that handed back or was revoked.
     pub fn forget_owner(&self, owner: &Owner) {
         self.map.lock().expect("holders lock").retain(|_, (holder, _)| &holder.owner != owner);

@@ -243,6 +243,27 @@ impl Ownership {
         let _ = self.stood_down.send(key.clone());
     }
 
+    /// Whether the current boot holds `key` in its table.
+    pub fn holds(&self, key: &SessionKey) -> bool {
+        let owner = self.node.borrow().owner.clone();
+        self.table().get(key).is_some_and(|e| e.owner == owner)
+    }
+
+    /// A notification says `key` now belongs to `owner` (or to nobody): forget any
+    /// remembered holder, and if we still think it is ours, it is not.
+    pub fn lease_changed(&self, key: &SessionKey, owner: Option<&Owner>) {
+        self.holders.forget(key);
+        let ours = self.table().get(key).map(|e| e.owner.clone());
+        if ours.is_some_and(|ours| Some(&ours) != owner) {
+            self.stand_down_any(key, StandDownReason::LeaseLost);
+        }
+    }
+
+    /// Notifications may have been missed: trust no remembered holder.
+    pub fn forget_all_holders(&self) {
+        self.holders.clear();
+    }
+
     /// Another boot handed its sessions back or was revoked: stop forwarding to it.
     pub fn forget_holder(&self, owner: &Owner) {
         self.holders.forget_owner(owner);

@@ -7,6 +7,7 @@
 pub mod checkpoints;
 pub mod leases;
 mod nodes;
+pub mod notify;
 
 use std::{fmt, time::Duration};
 
@@ -149,7 +150,11 @@ mod tests {
         assert_eq!((owner.node_id(), owner.boot_id()), ("agents-7d9f-x2", "3f2a9c"));
         assert_eq!(owner.to_string(), "agents-7d9f-x2/3f2a9c");
         assert_eq!(Owner::new_boot("n").node_id(), "n");
-        assert!(Owner::parse("no-slash").is_none() && Owner::parse("/b").is_none() && Owner::parse("a/").is_none());
+        assert!(
+            Owner::parse("no-slash").is_none()
+                && Owner::parse("/b").is_none()
+                && Owner::parse("a/").is_none()
+        );
     }
 }
 
