@@ -37,3 +37,4 @@ bench: deps ## benchmarks with their baselines (results go into BENCHMARKS.md by
 	cargo build --release --workspace --bins --locked
 	scripts/with-postgres.sh cargo bench -p leasehold-sidecar --bench store
 	scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench hop
+	scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench observe

@@ -4,12 +4,10 @@
 use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Duration};
 
 use axum::{
+    body::{Body, Bytes},
     extract::{Path, Query, State},
-    http::{HeaderMap, StatusCode},
-    response::{
-        sse::{self, KeepAlive, Sse},
-        IntoResponse, Response,
-    },
+    http::{header, HeaderMap, HeaderName, StatusCode},
+    response::{IntoResponse, Response},
 };
 use futures_util::Stream;
 use serde::Deserialize;
@@ -84,23 +82,26 @@ struct Reading {
 }
 
 /// Replay, then live; never an id at or below one already delivered.
-fn events(state: Reading) -> impl Stream<Item = Result<sse::Event, Infallible>> + Send {
+fn events(state: Reading) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     futures_util::stream::unfold(state, |mut s| async move {
         if s.done {
             return None;
         }
         if let Some(event) = s.replay.pop_front() {
             s.last = Some(event.id);
-            return Some((frames::frame(&event), s));
+            return Some((Ok(event.frame.clone()), s));
         }
         if std::mem::take(&mut s.announce_primed) {
-            return Some((frames::control("primed", json!({})), s));
+            return Some((Ok(frames::control("primed", json!({}))), s));
         }
         if std::mem::take(&mut s.announce_idle) {
-            return Some((frames::control("idle", json!({})), s));
+            return Some((Ok(frames::control("idle", json!({}))), s));
         }
         loop {
-            match s.sub.live.recv().await {
+            let Ok(next) = tokio::time::timeout(KEEP_ALIVE, s.sub.live.recv()).await else {
+                return Some((Ok(Bytes::from_static(frames::KEEP_ALIVE)), s));
+            };
+            match next {
                 // Not primed yet: the backfill arriving now is taken as a whole below.
                 Ok(Message::Event(_)) if !s.sub.primed => continue,
                 Ok(Message::Primed) if !s.sub.primed => {
@@ -108,31 +109,31 @@ fn events(state: Reading) -> impl Stream<Item = Result<sse::Event, Infallible>> 
                     s.replay = s.app.hubs.replay(&s.key, s.after).into();
                     if let Some(event) = s.replay.pop_front() {
                         s.last = Some(event.id);
-                        return Some((frames::frame(&event), s));
+                        return Some((Ok(event.frame.clone()), s));
                     }
                 }
                 Ok(Message::Primed) => continue,
                 Ok(Message::Event(event)) if s.last.is_none_or(|last| event.id > last) => {
                     s.last = Some(event.id);
-                    return Some((frames::frame(&event), s));
+                    return Some((Ok(event.frame.clone()), s));
                 }
                 Ok(Message::Event(_)) => continue, // stale epoch or duplicate: the observe fence
-                Ok(Message::Idle) => return Some((frames::control("idle", json!({})), s)),
+                Ok(Message::Idle) => return Some((Ok(frames::control("idle", json!({}))), s)),
                 Ok(Message::Moved) if s.reader == Reader::Peer => {
                     s.done = true;
-                    return Some((frames::control("moved", json!({})), s));
+                    return Some((Ok(frames::control("moved", json!({}))), s));
                 }
                 Ok(Message::Moved) => continue,
                 Ok(Message::Reconnect) => {
                     s.done = true;
-                    return Some((frames::control("reconnect", json!({})), s));
+                    return Some((Ok(frames::control("reconnect", json!({}))), s));
                 }
                 Err(RecvError::Lagged(missed)) => {
                     s.done = true;
                     s.app.metrics.observer_cut();
                     let last = s.last.map(|id| id.to_string());
                     let data = json!({ "missed": missed, "last_event_id": last, "hint": "reconnect with Last-Event-ID" });
-                    return Some((frames::control("overflow", data), s));
+                    return Some((Ok(frames::control("overflow", data)), s));
                 }
                 Err(RecvError::Closed) => return None,
             }
@@ -141,7 +142,13 @@ fn events(state: Reading) -> impl Stream<Item = Result<sse::Event, Infallible>> 
 }
 
 fn sse_response(state: Reading) -> Response {
-    Sse::new(events(state)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response()
+    let headers = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+        // Ask proxies (nginx) not to buffer the stream.
+        (HeaderName::from_static("x-accel-buffering"), "no"),
+    ];
+    (headers, Body::from_stream(events(state))).into_response()
 }
 
 /// Observe a session from this node, whoever owns it.

@@ -50,12 +50,20 @@ impl EventId {
     }
 }
 
-/// One published event; `data` is JSON text.
+/// One published event; `data` is JSON text. The SSE frame is encoded once, here, and
+/// shared by every observer (fan-out copies a pointer, not the text).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub id: EventId,
     pub kind: Arc<str>,
     pub data: Arc<str>,
+    pub frame: bytes::Bytes,
+}
+
+impl Event {
+    pub fn new(id: EventId, kind: &str, data: &str) -> Self {
+        Event { id, kind: kind.into(), data: data.into(), frame: sse::encode(Some(id), kind, data) }
+    }
 }
 
 /// What a hub broadcasts to its observers.
@@ -170,7 +178,7 @@ impl Hubs {
             };
             let id = EventId { epoch, seq };
             hub.mark_primed();
-            hub.push(Event { id, kind: kind.into(), data: data.into() });
+            hub.push(Event::new(id, kind, data));
             id
         })
     }

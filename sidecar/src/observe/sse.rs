@@ -1,22 +1,35 @@
 //! Server-Sent Events: encoding our messages, and parsing an upstream stream.
 
-use std::convert::Infallible;
-
-use axum::response::sse;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 
 use super::{Event, EventId};
 
-/// Our event as an SSE frame: `id: <epoch>-<seq>`, `event: <type>`, `data: <json>`.
-pub fn frame(event: &Event) -> Result<sse::Event, Infallible> {
-    Ok(sse::Event::default().id(event.id.to_string()).event(&*event.kind).data(&*event.data))
+/// Encode one SSE frame. Multi-line data becomes one `data:` line per line.
+pub fn encode(id: Option<EventId>, kind: &str, data: &str) -> Bytes {
+    let mut out = String::with_capacity(data.len() + kind.len() + 32);
+    if let Some(id) = id {
+        out.push_str(&format!("id: {id}\n"));
+    }
+    out.push_str("event: ");
+    out.push_str(kind);
+    out.push('\n');
+    for line in data.split('\n') {
+        out.push_str("data: ");
+        out.push_str(line.trim_end_matches('\r'));
+        out.push('\n');
+    }
+    out.push('\n');
+    Bytes::from(out)
 }
 
-/// A control frame (`idle`, `reconnect`, `overflow`) with a small JSON body.
-pub fn control(kind: &str, data: serde_json::Value) -> Result<sse::Event, Infallible> {
-    Ok(sse::Event::default().event(kind).data(data.to_string()))
+/// A control frame (`idle`, `reconnect`, `overflow`, ...) with a small JSON body.
+pub fn control(kind: &str, data: serde_json::Value) -> Bytes {
+    encode(None, kind, &data.to_string())
 }
+
+/// A comment line: keeps idle connections open through proxies.
+pub const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 /// One parsed SSE frame.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,11 +43,7 @@ impl Frame {
     /// Our event, if the frame is one (control frames carry no id).
     pub fn to_event(&self) -> Option<Event> {
         let id = EventId::parse(self.id.as_deref()?)?;
-        Some(Event {
-            id,
-            kind: self.event.as_deref().unwrap_or("message").into(),
-            data: self.data.as_str().into(),
-        })
+        Some(Event::new(id, self.event.as_deref().unwrap_or("message"), &self.data))
     }
 }
 
@@ -141,6 +150,16 @@ mod tests {
         assert_eq!(got[0].data, "{\"i\":0}");
         assert_eq!(got[1].event.as_deref(), Some("idle"));
         assert!(got[1].to_event().is_none(), "control frames have no id");
+    }
+
+    #[tokio::test]
+    async fn what_we_encode_parses_back() {
+        let id = EventId::parse("3-7").unwrap();
+        let bytes = encode(Some(id), "token", "{\"a\":\n1}");
+        assert_eq!(&bytes[..], b"id: 3-7\nevent: token\ndata: {\"a\":\ndata: 1}\n\n");
+        let got = frames(&[std::str::from_utf8(&bytes).unwrap()]).await;
+        let event = got[0].to_event().unwrap();
+        assert_eq!((event.id, &*event.kind, &*event.data), (id, "token", "{\"a\":\n1}"));
     }
 
     #[tokio::test]

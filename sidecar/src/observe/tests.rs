@@ -31,7 +31,7 @@ fn replay_is_the_current_turn_or_everything_after_an_id() {
 #[test]
 fn stale_epochs_and_duplicates_are_never_ingested() {
     let hubs = Hubs::default();
-    let event = |id: &str| Event { id: EventId::parse(id).unwrap(), kind: "token".into(), data: "{}".into() };
+    let event = |id: &str| Event::new(EventId::parse(id).unwrap(), "token", "{}");
     let mut live = hubs.subscribe(&key(), None).live;
     assert!(hubs.ingest(&key(), event("2-1")));
     assert!(!hubs.ingest(&key(), event("1-9")), "lower epoch after a higher one");
@@ -77,9 +77,11 @@ fn a_subscriber_before_the_backfill_waits_for_primed_then_replays() {
     let hubs = Hubs::default();
     let early = hubs.subscribe(&key(), None);
     assert!(!early.primed && early.replay.is_empty());
-    let event = |id: &str, kind: &str| Event { id: EventId::parse(id).unwrap(), kind: kind.into(), data: "{}".into() };
+    let event = |id: &str, kind: &str| Event::new(EventId::parse(id).unwrap(), kind, "{}");
     // The upstream backfill: an old turn and the current one.
-    for (id, kind) in [("1-1", "turn_started"), ("1-2", "turn_finished"), ("1-3", "turn_started"), ("1-4", "token")] {
+    for (id, kind) in
+        [("1-1", "turn_started"), ("1-2", "turn_finished"), ("1-3", "turn_started"), ("1-4", "token")]
+    {
         hubs.ingest(&key(), event(id, kind));
     }
     hubs.mark_primed(&key());

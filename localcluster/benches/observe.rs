@@ -1,0 +1,263 @@
+//! Observe and drain, every figure beside a baseline from the same run:
+//! - publish → observer latency, observers on a non-owner node (one upstream hop) vs the
+//!   same observers on the owner itself; at 1, 100 and 1000 observers of one session, and
+//!   1000 sessions with one observer each;
+//! - events per second one node fans out;
+//! - drain: `POST /drain` wall time with 1k and 10k leases held, and the hand-back
+//!   statement alone vs releasing the same leases one statement each.
+//!
+//! Run: `make bench`.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::{routing::post, Json, Router};
+use futures_util::StreamExt;
+use leasehold_sidecar::{
+    key::SessionKey,
+    observe::sse,
+    store::{Epoch, LeaseStore, Owner},
+};
+use localcluster::{Cluster, ClusterOptions};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+/// One event per session every 20 ms: 50 tokens/s, a fast model's streaming rate.
+const PACE: Duration = Duration::from_millis(20);
+
+fn micros() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// The trivial agent: answers every turn at once (claims happen in the sidecar).
+async fn trivial_agent() {
+    let listen = std::env::args().skip_while(|a| a != "--listen").nth(1).expect("--listen");
+    let app = Router::new().route("/sessions/{key}/turns", post(|| async { Json(json!({ "ok": true })) }));
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    axum::serve(listener, app).await.unwrap();
+}
+
+/// Open `per_key` observers of each key at `base`; each reports (latency µs) per event received.
+async fn observers(base: &str, keys: &[String], per_key: usize, tx: &mpsc::UnboundedSender<u64>) {
+    let http = reqwest::Client::new();
+    for key in keys {
+        for _ in 0..per_key {
+            let response = http.get(format!("{base}/v1/sessions/{key}/stream")).send().await.unwrap();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut frames = sse::parse(response.bytes_stream());
+                while let Some(Ok(frame)) = frames.next().await {
+                    let sent: Option<u64> = serde_json::from_str::<serde_json::Value>(&frame.data)
+                        .ok()
+                        .and_then(|v| v["t"].as_u64());
+                    if let Some(sent) = sent {
+                        let _ = tx.send(micros().saturating_sub(sent));
+                    }
+                }
+            });
+        }
+    }
+}
+
+async fn publish(http: &reqwest::Client, agent_api: &str, key: &str, epoch: i64, kind: &str) {
+    let body = json!({ "type": kind, "data": { "t": micros() } }).to_string();
+    let response = http
+        .post(format!("{agent_api}/v1/sessions/{key}/events"))
+        .header("leasehold-epoch", epoch)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+}
+
+fn pct(sorted: &[u64], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+/// Publish `events` events round-robin over `keys` at a steady pace and collect every
+/// observer's latency.
+async fn measure(
+    cluster: &Cluster,
+    observe_on: usize,
+    keys: &[String],
+    per_key: usize,
+    events: usize,
+    pace: Duration,
+) -> (f64, f64, usize) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    observers(&cluster.nodes[observe_on].public_url(), keys, per_key, &tx).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // followers connected, replays done
+    while rx.try_recv().is_ok() {} // drop replayed events
+    let http = reqwest::Client::new();
+    let owner = &cluster.nodes[0];
+    for i in 0..events {
+        publish(&http, &owner.agent_api_url(), &keys[i % keys.len()], 1, "token").await;
+        tokio::time::sleep(pace).await;
+    }
+    let expected = events * per_key;
+    let mut got = Vec::with_capacity(expected);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < expected && Instant::now() < deadline {
+        if let Ok(Some(l)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            got.push(l);
+        }
+    }
+    got.sort_unstable();
+    (pct(&got, 0.5), pct(&got, 0.99), got.len())
+}
+
+async fn claim_all(cluster: &Cluster, keys: &[String]) {
+    let http = reqwest::Client::new();
+    let base = cluster.nodes[0].public_url();
+    futures_util::stream::iter(keys.iter().cloned())
+        .for_each_concurrent(32, |key| {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                let r = http.post(format!("{base}/v1/sessions/{key}/turns")).send().await.unwrap();
+                assert!(r.status().is_success());
+            }
+        })
+        .await;
+}
+
+async fn latency(db: &str, me: &std::path::Path) {
+    println!("## Publish → observer latency (one event every {PACE:?}: an LLM's token rate)\n");
+    println!("| scenario | observers on | p50 ms | p99 ms | deliveries |");
+    println!("|---|---|---|---|---|");
+    let scenarios: [(&str, usize, usize, usize); 4] = [
+        ("1 session, 1 observer", 1, 1, 200),
+        ("1 session, 100 observers", 1, 100, 200),
+        ("1 session, 1000 observers", 1, 1000, 200),
+        ("1000 sessions, 1 observer each", 1000, 1, 2000),
+    ];
+    for (sc, (name, sessions, per_key, events)) in scenarios.into_iter().enumerate() {
+        for (observe_on, place) in [(1, "non-owner node (remote)"), (0, "owner node (baseline)")] {
+            let cluster = Cluster::start(db, bench_options(me)).await.unwrap();
+            let keys: Vec<String> = (0..sessions).map(|i| format!("obs-{sc}-{observe_on}-{i}")).collect();
+            claim_all(&cluster, &keys).await;
+            let (p50, p99, n) =
+                measure(&cluster, observe_on, &keys, per_key, events, Duration::from_millis(2)).await;
+            println!("| {name} | {place} | {p50:.3} | {p99:.3} | {n} |");
+        }
+    }
+    println!();
+}
+
+/// As fast as the publisher can go, with 100 remote observers: deliveries per second.
+async fn fan_out(db: &str, me: &std::path::Path) {
+    let cluster = Cluster::start(db, bench_options(me)).await.unwrap();
+    let key = vec!["fan".to_owned()];
+    claim_all(&cluster, &key).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    observers(&cluster.nodes[1].public_url(), &key, 100, &tx).await;
+    observers(&cluster.nodes[0].public_url(), &key, 100, &tx).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    while rx.try_recv().is_ok() {}
+    const EVENTS: usize = 3000;
+    let started = Instant::now();
+    let http = reqwest::Client::new();
+    let agent = cluster.nodes[0].agent_api_url();
+    futures_util::stream::iter(0..EVENTS)
+        .for_each_concurrent(8, |_| {
+            let (http, agent) = (http.clone(), agent.clone());
+            async move { publish(&http, &agent, "fan", 1, "token").await }
+        })
+        .await;
+    let published = started.elapsed();
+    let mut delivered = 0;
+    while delivered < EVENTS * 200 {
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+            Ok(Some(_)) => delivered += 1,
+            _ => break,
+        }
+    }
+    let took = started.elapsed();
+    println!("## Fan-out\n");
+    println!(
+        "{EVENTS} events published in {:.2}s ({:.0} events/s through the fenced publish); {delivered} deliveries to 200 observers (100 local, 100 remote) in {:.2}s: {:.0} deliveries/s\n",
+        published.as_secs_f64(),
+        EVENTS as f64 / published.as_secs_f64(),
+        took.as_secs_f64(),
+        delivered as f64 / took.as_secs_f64()
+    );
+}
+
+async fn drain(db: &str, me: &std::path::Path) {
+    println!("## Drain\n");
+    println!("| leases held | POST /drain wall ms | hand_back_all statement ms | one release per lease ms | ratio |");
+    println!("|---|---|---|---|---|");
+    for n in [1_000usize, 10_000] {
+        let cluster = Cluster::start(db, bench_options(me)).await.unwrap();
+        let keys: Vec<String> = (0..n).map(|i| format!("d{n}-{i}")).collect();
+        claim_all(&cluster, &keys).await;
+        let started = Instant::now();
+        let report: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/drain", cluster.nodes[0].admin_url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let wall = started.elapsed();
+        assert_eq!(report["handed_back"], n);
+        // The statement alone, and the per-lease baseline, on a boot of our own.
+        let store = LeaseStore::connect(db, 2).await.unwrap();
+        let owner = Owner::new_boot(&format!("drain-bench-{n}"));
+        store.register_boot(&owner, "127.0.0.1:1", Duration::from_secs(600)).await.unwrap();
+        sqlx::query("UPDATE agent_leases SET owner = $1, released = false WHERE agent_key LIKE $2")
+            .bind(owner.as_str())
+            .bind(format!("d{n}-%"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(store.hand_back_all(&owner).await.unwrap(), n as u64);
+        let statement = t0.elapsed();
+        let owner2 = Owner::new_boot(&format!("drain-bench-{n}-b"));
+        store.register_boot(&owner2, "127.0.0.1:1", Duration::from_secs(600)).await.unwrap();
+        sqlx::query("UPDATE agent_leases SET owner = $1 WHERE agent_key LIKE $2")
+            .bind(owner2.as_str())
+            .bind(format!("d{n}-%"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        for key in &keys {
+            store.release(&SessionKey::parse(key).unwrap(), &owner2, Epoch(1)).await.unwrap();
+        }
+        let per_lease = t0.elapsed();
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.1} | {:.0}x |",
+            wall.as_secs_f64() * 1e3,
+            statement.as_secs_f64() * 1e3,
+            per_lease.as_secs_f64() * 1e3,
+            per_lease.as_secs_f64() / statement.as_secs_f64()
+        );
+    }
+    println!();
+}
+
+fn bench_options(me: &std::path::Path) -> ClusterOptions {
+    ClusterOptions {
+        nodes: 2,
+        lease_ttl: Duration::from_secs(15),
+        heartbeat: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(5),
+        agent_command: Some((me.to_owned(), vec![("LEASEHOLD_BENCH_ROLE".into(), "trivial-agent".into())])),
+        ..ClusterOptions::default()
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::var("LEASEHOLD_BENCH_ROLE").as_deref() == Ok("trivial-agent") {
+        return trivial_agent().await;
+    }
+    let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
+    let db = localcluster::postgres::fresh_database(&admin).await.unwrap();
+    let me = std::env::current_exe().unwrap();
+    latency(&db, &me).await;
+    fan_out(&db, &me).await;
+    drain(&db, &me).await;
+}
