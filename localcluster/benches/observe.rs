@@ -257,7 +257,14 @@ async fn main() {
     let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
     let db = localcluster::postgres::fresh_database(&admin).await.unwrap();
     let me = std::env::current_exe().unwrap();
-    latency(&db, &me).await;
-    fan_out(&db, &me).await;
-    drain(&db, &me).await;
+    let only = std::env::var("LEASEHOLD_BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "latency" {
+        latency(&db, &me).await;
+    }
+    if only.is_empty() || only == "fan-out" {
+        fan_out(&db, &me).await;
+    }
+    if only.is_empty() || only == "drain" {
+        drain(&db, &me).await;
+    }
 }

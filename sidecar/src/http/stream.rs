@@ -26,6 +26,12 @@ use crate::{
 /// observers that went away.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+fn keep_alive() -> tokio::time::Interval {
+    let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
 #[derive(Debug, Deserialize)]
 pub struct StreamQuery {
     after: Option<String>,
@@ -75,6 +81,7 @@ struct Reading {
     announce_idle: bool,
     /// Peer readers learn when the replay part is over.
     announce_primed: bool,
+    keep_alive: tokio::time::Interval,
     done: bool,
     reader: Reader,
     app: Arc<Sidecar>,
@@ -98,8 +105,11 @@ fn events(state: Reading) -> impl Stream<Item = Result<Bytes, Infallible>> + Sen
             return Some((Ok(frames::control("idle", json!({}))), s));
         }
         loop {
-            let Ok(next) = tokio::time::timeout(KEEP_ALIVE, s.sub.live.recv()).await else {
-                return Some((Ok(Bytes::from_static(frames::KEEP_ALIVE)), s));
+            // One timer per stream for the keep-alive, not one per message.
+            let next = tokio::select! {
+                biased;
+                next = s.sub.live.recv() => next,
+                _ = s.keep_alive.tick() => return Some((Ok(Bytes::from_static(frames::KEEP_ALIVE)), s)),
             };
             match next {
                 // Not primed yet: the backfill arriving now is taken as a whole below.
@@ -174,6 +184,7 @@ pub async fn observe(
         replay: std::mem::take(&mut sub.replay).into(),
         announce_idle: sub.idle,
         announce_primed: false,
+        keep_alive: keep_alive(),
         sub,
         last: after,
         after,
@@ -204,6 +215,7 @@ pub async fn peer(
         replay: std::mem::take(&mut sub.replay).into(),
         announce_idle: false,
         announce_primed: true,
+        keep_alive: keep_alive(),
         sub,
         last: after,
         after,
