@@ -1,0 +1,282 @@
+//! `AgentCluster` (leasehold.dev/v1alpha1): a fleet of agent pods, each with the
+//! leasehold sidecar injected, so every session has exactly one writer.
+
+use k8s_openapi::{
+    api::core::v1::{PodTemplateSpec, ResourceRequirements},
+    apimachinery::pkg::{apis::meta::v1::Condition, util::intstr::IntOrString},
+};
+use kube::{CustomResource, KubeSchema};
+use schemars::{json_schema, JsonSchema};
+use serde::{Deserialize, Serialize};
+
+/// A fleet of agent pods behind one Service. The operator injects the leasehold sidecar
+/// into every pod, drains pods before they stop, and revokes the leases of pods that die.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[kube(
+    group = "leasehold.dev",
+    version = "v1alpha1",
+    kind = "AgentCluster",
+    plural = "agentclusters",
+    shortname = "ac",
+    namespaced,
+    status = "AgentClusterStatus",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Leases","type":"integer","jsonPath":".status.leases"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentClusterSpec {
+    /// Number of agent pods. Sessions are spread over them; scaling down removes the pods
+    /// holding the fewest sessions first.
+    #[x_kube(validation = Rule::new("self >= 0").message("replicas must be >= 0"))]
+    pub replicas: i32,
+
+    /// Pod template for the agent containers (a standard PodTemplateSpec). The operator adds
+    /// the `leasehold-sidecar` container, a preStop drain hook on every container, and a
+    /// termination grace period that covers the drain.
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+
+    /// Port on which the agent container serves turns (CONTRACT §4); the sidecar dispatches
+    /// to 127.0.0.1 on this port.
+    #[serde(default = "default_agent_port")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("agentPort must be a TCP port"))]
+    pub agent_port: i32,
+
+    /// The injected sidecar.
+    #[serde(default)]
+    pub sidecar: SidecarSpec,
+
+    /// Where the lease store is: a Secret holding the Postgres URL.
+    pub database: DatabaseRef,
+
+    /// The shared secret that authenticates peer requests between sidecars. When absent,
+    /// the operator creates a Secret `<name>-cluster-secret` with a random value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_secret: Option<ClusterSecretRef>,
+
+    /// The Service in front of the public (client) port.
+    #[serde(default)]
+    pub service: ServiceSpec,
+
+    /// How the Deployment rolls. Drains make a rolling deploy hand every session over
+    /// without waiting for a TTL.
+    #[serde(default)]
+    pub rollout: RolloutSpec,
+}
+
+fn default_agent_port() -> i32 {
+    3000
+}
+
+/// Any PodTemplateSpec: validated by the API server when it reaches the Deployment, kept
+/// out of the CRD schema so the CRD stays small.
+fn pod_template_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    json_schema!({
+        "description": "Pod template for the agent containers (a standard PodTemplateSpec).",
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+fn resources_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    json_schema!({
+        "description": "Compute resources of the sidecar container (a standard ResourceRequirements).",
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// A Go-style duration: `15s`, `500ms`, `2m`.
+const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+
+/// Settings of the injected `leasehold-sidecar` container.
+#[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("duration(self.heartbeatInterval) + duration(self.heartbeatInterval) < duration(self.leaseTtl)")
+        .message("heartbeatInterval must be less than half of leaseTtl"),
+    validation = Rule::new("duration(self.drainTimeout) >= duration('1s') && duration(self.drainTimeout) <= duration('1h')")
+        .message("drainTimeout must be between 1s and 1h"),
+)]
+pub struct SidecarSpec {
+    /// Sidecar image. Defaults to the image the operator was installed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// Compute resources of the sidecar container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resources_schema")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Lifetime of a pod's node lease without renewal: how long a crashed pod's sessions
+    /// wait when the operator cannot revoke them first.
+    #[serde(default = "default_lease_ttl")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub lease_ttl: String,
+
+    /// How often the node lease is renewed; less than half of leaseTtl.
+    #[serde(default = "default_heartbeat")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub heartbeat_interval: String,
+
+    /// How long a drain lets in-flight turns finish before standing them down.
+    #[serde(default = "default_drain_timeout")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub drain_timeout: String,
+
+    /// Sidecar log level (`LEASEHOLD_LOG`), e.g. `info` or `info,leasehold_sidecar=debug`.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+}
+
+fn default_lease_ttl() -> String {
+    "15s".into()
+}
+fn default_heartbeat() -> String {
+    "5s".into()
+}
+fn default_drain_timeout() -> String {
+    "25s".into()
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+
+impl Default for SidecarSpec {
+    fn default() -> Self {
+        SidecarSpec {
+            image: None,
+            resources: None,
+            lease_ttl: default_lease_ttl(),
+            heartbeat_interval: default_heartbeat(),
+            drain_timeout: default_drain_timeout(),
+            log_level: default_log_level(),
+        }
+    }
+}
+
+/// The Secret (in the AgentCluster's namespace) holding the Postgres URL.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
+    /// Key within the Secret whose value is the Postgres URL.
+    #[serde(default = "default_database_key")]
+    pub key: String,
+}
+
+fn default_database_key() -> String {
+    "DATABASE_URL".into()
+}
+
+/// The Secret (in the AgentCluster's namespace) holding the cluster secret.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSecretRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
+    /// Key within the Secret whose value is the shared secret.
+    #[serde(default = "default_cluster_secret_key")]
+    pub key: String,
+}
+
+/// The key the operator uses in a cluster secret it creates.
+pub const CLUSTER_SECRET_KEY: &str = "cluster-secret";
+
+fn default_cluster_secret_key() -> String {
+    CLUSTER_SECRET_KEY.into()
+}
+
+/// The Service for the public port.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    /// Service type.
+    #[serde(default, rename = "type")]
+    pub type_: ServiceType,
+    /// Port the Service exposes; it targets the sidecar's public port.
+    #[serde(default = "default_service_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+fn default_service_port() -> i32 {
+    80
+}
+
+impl Default for ServiceSpec {
+    fn default() -> Self {
+        ServiceSpec { type_: ServiceType::default(), port: default_service_port() }
+    }
+}
+
+/// Kubernetes Service types.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// Rolling update parameters of the Deployment.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// Pods created above the desired count during a rollout (number or percentage).
+    #[serde(default = "default_max_surge")]
+    pub max_surge: IntOrString,
+    /// Pods that may be unavailable during a rollout (number or percentage).
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: IntOrString,
+}
+
+fn default_max_surge() -> IntOrString {
+    IntOrString::Int(1)
+}
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(0)
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        RolloutSpec { max_surge: default_max_surge(), max_unavailable: default_max_unavailable() }
+    }
+}
+
+/// Observed state, written by the operator.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentClusterStatus {
+    /// Pods of the current Deployment.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Pods whose sidecar reports ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Live session leases held by this cluster's pods, counted in Postgres.
+    #[serde(default)]
+    pub leases: i64,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Available`, `Progressing` and `Degraded`, with reasons.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
