@@ -114,3 +114,22 @@ async fn hand_back_counts_only_held_sessions_and_is_idempotent() {
     assert_eq!(store.hand_back_all(&a).await.unwrap(), 2);
     assert_eq!(store.hand_back_all(&a).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn live_leases_are_counted_per_node() {
+    let store = store().await;
+    let a = boot(&store, "pod-a", LONG_TTL).await;
+    let b = boot(&store, "pod-b", LONG_TTL).await;
+    for k in ["a1", "a2", "a3"] {
+        store.claim(&key(k), &a).await.unwrap();
+    }
+    store.claim(&key("b1"), &b).await.unwrap();
+    store.release(&key("a3"), &a, Epoch(1)).await.unwrap();
+    let nodes = ["pod-a".to_owned(), "pod-b".to_owned(), "pod-c".to_owned()];
+    let counts = store.live_leases_by_node(&nodes).await.unwrap();
+    assert_eq!(counts.get("pod-a"), Some(&2));
+    assert_eq!(counts.get("pod-b"), Some(&1));
+    assert_eq!(counts.get("pod-c"), None);
+    store.revoke_node("pod-b").await.unwrap();
+    assert_eq!(store.live_leases_by_node(&nodes).await.unwrap().get("pod-b"), None);
+}

@@ -81,6 +81,15 @@ SELECT agent_key, epoch FROM agent_leases WHERE owner = $1 AND NOT released
 ORDER BY agent_key
 "#;
 
+/// Live sessions per node id, for the given node ids (operator: status and
+/// pod-deletion-cost). One statement.
+const LIVE_BY_NODE_SQL: &str = r#"
+SELECT n.node_id, count(*) AS leases
+FROM agent_leases l JOIN agent_nodes n ON n.owner = l.owner
+WHERE NOT l.released AND n.expires_at > now() AND n.node_id = ANY($1)
+GROUP BY n.node_id
+"#;
+
 /// What a claim did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
@@ -221,6 +230,19 @@ impl LeaseStore {
             None
         };
         Ok(LeaseInfo { holder, epoch: Some(epoch) })
+    }
+
+    /// Live sessions held by each of `node_ids` (nodes holding none are absent).
+    pub async fn live_leases_by_node(
+        &self,
+        node_ids: &[String],
+    ) -> Result<std::collections::HashMap<String, i64>> {
+        let rows = sqlx::query(LIVE_BY_NODE_SQL)
+            .bind(node_ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("count leases by node"))?;
+        Ok(rows.into_iter().map(|row| (row.get("node_id"), row.get("leases"))).collect())
     }
 
     /// Every session attached to `owner` that it has not released. They are live

@@ -1,0 +1,281 @@
+//! The children of an AgentCluster, built as pure data (no client): Deployment (agent
+//! containers + injected sidecar), Service, PodDisruptionBudget, NetworkPolicy and the
+//! generated cluster Secret. Unit-tested from YAML fixtures.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
+        core::v1::{
+            Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle, LifecycleHandler,
+            ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector, SecurityContext, Service,
+            ServicePort, ServiceSpec,
+        },
+        networking::v1::{
+            NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+        },
+        policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
+    },
+    apimachinery::pkg::{
+        apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference},
+        util::intstr::IntOrString,
+    },
+};
+use kube::{Resource, ResourceExt};
+use leasehold_crds::{AgentCluster, CLUSTER_SECRET_KEY};
+use sha2::{Digest, Sha256};
+
+use crate::validate::{Timings, ADMIN_PORT, PEER_PORT, PUBLIC_PORT, SIDECAR_CONTAINER};
+
+/// The label every child and pod carries; pods are found by it.
+pub const CLUSTER_LABEL: &str = "leasehold.dev/cluster";
+/// Hash of everything that shapes the pods: a change rolls the Deployment.
+pub const TEMPLATE_HASH: &str = "leasehold.dev/template-hash";
+/// Time on top of the drain timeout for the hand-back and process exit before SIGKILL.
+pub const GRACE_MARGIN_SECS: i64 = 10;
+
+/// Labels of all children of `ac`.
+pub fn labels(ac: &AgentCluster) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "leasehold-agent".to_owned()),
+        ("app.kubernetes.io/instance".to_owned(), ac.name_any()),
+        ("app.kubernetes.io/managed-by".to_owned(), "leasehold-operator".to_owned()),
+        (CLUSTER_LABEL.to_owned(), ac.name_any()),
+    ])
+}
+
+pub fn selector(ac: &AgentCluster) -> BTreeMap<String, String> {
+    BTreeMap::from([(CLUSTER_LABEL.to_owned(), ac.name_any())])
+}
+
+/// The generated cluster secret's name, when the spec names none.
+pub fn cluster_secret_name(ac: &AgentCluster) -> String {
+    ac.spec.cluster_secret.as_ref().map_or_else(|| format!("{}-cluster-secret", ac.name_any()), |s| s.secret_name.clone())
+}
+
+fn cluster_secret_key(ac: &AgentCluster) -> String {
+    ac.spec.cluster_secret.as_ref().map_or_else(|| CLUSTER_SECRET_KEY.to_owned(), |s| s.key.clone())
+}
+
+fn meta(ac: &AgentCluster, name: String) -> ObjectMeta {
+    let owner: OwnerReference = ac.controller_owner_ref(&()).expect("an AgentCluster from the API has a uid");
+    ObjectMeta {
+        name: Some(name),
+        namespace: ac.namespace(),
+        labels: Some(labels(ac)),
+        owner_references: Some(vec![owner]),
+        ..ObjectMeta::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.to_owned(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.to_owned(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector { name: secret.to_owned(), key: key.to_owned(), optional: None }),
+            ..Default::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn admin_get(path: &str) -> HTTPGetAction {
+    HTTPGetAction { path: Some(path.to_owned()), port: IntOrString::String("admin".into()), ..Default::default() }
+}
+
+/// The preStop hook: the kubelet calls the sidecar's drain before any container gets
+/// SIGTERM, so every lease is handed back first (GET: kubelet hooks cannot POST).
+fn drain_hook() -> Lifecycle {
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler { http_get: Some(admin_get("/drain")), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort { name: Some(name.to_owned()), container_port: port, protocol: Some("TCP".into()), ..Default::default() }
+}
+
+fn sidecar(ac: &AgentCluster, image: &str) -> Container {
+    let spec = &ac.spec;
+    let s = &spec.sidecar;
+    Container {
+        name: SIDECAR_CONTAINER.to_owned(),
+        image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_IP", "status.podIP"),
+            secret_env("DATABASE_URL", &spec.database.secret_name, &spec.database.key),
+            secret_env("LEASEHOLD_CLUSTER_SECRET", &cluster_secret_name(ac), &cluster_secret_key(ac)),
+            env("LEASEHOLD_AGENT_URL", format!("http://127.0.0.1:{}", spec.agent_port)),
+            env("LEASEHOLD_LEASE_TTL", &s.lease_ttl),
+            env("LEASEHOLD_HEARTBEAT_INTERVAL", &s.heartbeat_interval),
+            env("LEASEHOLD_DRAIN_TIMEOUT", &s.drain_timeout),
+            env("LEASEHOLD_LOG", &s.log_level),
+        ]),
+        ports: Some(vec![port("public", PUBLIC_PORT), port("peer", PEER_PORT), port("admin", ADMIN_PORT)]),
+        readiness_probe: Some(Probe {
+            http_get: Some(admin_get("/readyz")),
+            period_seconds: Some(2),
+            failure_threshold: Some(2),
+            ..Default::default()
+        }),
+        liveness_probe: Some(Probe {
+            http_get: Some(admin_get("/healthz")),
+            initial_delay_seconds: Some(10),
+            period_seconds: Some(10),
+            ..Default::default()
+        }),
+        lifecycle: Some(drain_hook()),
+        resources: s.resources.clone(),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// A short, stable hash of what shapes the pods.
+pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
+    let spec = &ac.spec;
+    let shaping = serde_json::json!({
+        "template": spec.template,
+        "agentPort": spec.agent_port,
+        "sidecar": spec.sidecar,
+        "database": spec.database,
+        "clusterSecret": spec.cluster_secret,
+        "image": image,
+    });
+    hex::encode(&Sha256::digest(shaping.to_string().as_bytes())[..8])
+}
+
+pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str) -> Deployment {
+    let spec = &ac.spec;
+    let mut template: PodTemplateSpec = spec.template.clone();
+    let mut pod_meta = template.metadata.take().unwrap_or_default();
+    pod_meta.labels.get_or_insert_with(BTreeMap::new).extend(labels(ac));
+    pod_meta.annotations.get_or_insert_with(BTreeMap::new).insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
+    let mut pod: PodSpec = template.spec.take().unwrap_or_default();
+    for container in &mut pod.containers {
+        container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = drain_hook().pre_stop;
+    }
+    pod.containers.push(sidecar(ac, image));
+    let needed = i64::try_from(timings.drain_timeout.as_secs()).unwrap_or(i64::MAX) + GRACE_MARGIN_SECS;
+    pod.termination_grace_period_seconds = Some(pod.termination_grace_period_seconds.unwrap_or(0).max(needed));
+    Deployment {
+        metadata: meta(ac, ac.name_any()),
+        spec: DeploymentSpec {
+            replicas: Some(spec.replicas),
+            selector: LabelSelector { match_labels: Some(selector(ac)), ..Default::default() },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(spec.rollout.max_surge.clone()),
+                    max_unavailable: Some(spec.rollout.max_unavailable.clone()),
+                }),
+            }),
+            template: PodTemplateSpec { metadata: Some(pod_meta), spec: Some(pod) },
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+pub fn service(ac: &AgentCluster) -> Service {
+    Service {
+        metadata: meta(ac, ac.name_any()),
+        spec: Some(ServiceSpec {
+            type_: Some(ac.spec.service.type_.as_str().to_owned()),
+            selector: Some(selector(ac)),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: ac.spec.service.port,
+                target_port: Some(IntOrString::String("public".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// At most one pod disrupted voluntarily at a time: each drain hands its sessions over
+/// before the next pod goes.
+pub fn pod_disruption_budget(ac: &AgentCluster) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(ac, ac.name_any()),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector { match_labels: Some(selector(ac)), ..Default::default() }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn tcp(port: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort { port: Some(IntOrString::Int(port)), protocol: Some("TCP".into()), end_port: None }
+}
+
+/// The peer port admits only this cluster's pods; public and admin ports stay open to
+/// clients, the operator and Prometheus; everything else (the agent's own port) is closed.
+pub fn network_policy(ac: &AgentCluster) -> NetworkPolicy {
+    let this_cluster = LabelSelector { match_labels: Some(selector(ac)), ..Default::default() };
+    NetworkPolicy {
+        metadata: meta(ac, ac.name_any()),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(this_cluster.clone()),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer { pod_selector: Some(this_cluster), ..Default::default() }]),
+                    ports: Some(vec![tcp(PEER_PORT)]),
+                },
+                NetworkPolicyIngressRule { from: None, ports: Some(vec![tcp(PUBLIC_PORT), tcp(ADMIN_PORT)]) },
+            ]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The cluster secret the operator creates when the spec names none: 256 random bits.
+pub fn cluster_secret(ac: &AgentCluster) -> k8s_openapi::api::core::v1::Secret {
+    let value = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    k8s_openapi::api::core::v1::Secret {
+        metadata: meta(ac, cluster_secret_name(ac)),
+        string_data: Some(BTreeMap::from([(CLUSTER_SECRET_KEY.to_owned(), value)])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// The object reference of an AgentCluster (events).
+pub fn reference(ac: &AgentCluster) -> k8s_openapi::api::core::v1::ObjectReference {
+    ac.object_ref(&())
+}

@@ -1,0 +1,258 @@
+//! The AgentCluster reconcile pipeline: read → validate → build (pure) → apply (server-side
+//! apply, one field manager) → status.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::Deployment,
+        core::v1::{Pod, Secret, Service},
+        networking::v1::NetworkPolicy,
+        policy::v1::PodDisruptionBudget,
+    },
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::{
+    api::{ListParams, Patch, PatchParams, PostParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType, Recorder},
+    },
+    Api, Client, Resource, ResourceExt,
+};
+use leasehold_crds::{AgentCluster, AgentClusterStatus};
+use serde::{de::DeserializeOwned, Serialize};
+use serde_json::json;
+
+use crate::{
+    build::{self, CLUSTER_LABEL},
+    error::{kube, Error, Result},
+    metrics::Metrics,
+    stores::Stores,
+    validate::validate,
+};
+
+/// The field manager of every server-side apply.
+pub const MANAGER: &str = "leasehold-operator";
+/// The annotation the ReplicaSet controller reads to pick pods to remove on scale-down.
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// Status (leases, readiness) refreshes at least this often without any event.
+const STATUS_REFRESH: Duration = Duration::from_secs(15);
+/// Back-off after a failed reconcile.
+const ERROR_REQUEUE: Duration = Duration::from_secs(5);
+
+pub struct Context {
+    pub client: Client,
+    pub sidecar_image: String,
+    pub metrics: Arc<Metrics>,
+    pub stores: Stores,
+    pub recorder: Recorder,
+    pub http: reqwest::Client,
+}
+
+impl Context {
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    pub async fn event(&self, ac: &AgentCluster, type_: EventType, reason: &str, note: String) {
+        let event = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&event, &build::reference(ac)).await {
+            tracing::debug!(error = %e, "could not record event");
+        }
+    }
+}
+
+async fn apply<K>(api: &Api<K>, object: &K) -> Result<K>
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().expect("built objects are named");
+    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(object)).await.map_err(kube("apply child"))
+}
+
+/// The thin entry point: metrics and tracing around the pipeline.
+pub async fn reconcile(ac: Arc<AgentCluster>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconcile();
+    use tracing::Instrument;
+    let span = tracing::info_span!("reconcile", cluster = %ac.name_any(), namespace = ac.namespace());
+    reconcile_inner(&ac, &ctx).instrument(span).await
+}
+
+pub fn error_policy(ac: Arc<AgentCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(cluster = %ac.name_any(), %error, "reconcile failed");
+    ctx.metrics.error(error.metric_label());
+    Action::requeue(ERROR_REQUEUE)
+}
+
+async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
+    let ns = ac.namespace().ok_or(Error::NotNamespaced)?;
+    let timings = match validate(&ac.spec) {
+        Ok(timings) => timings,
+        Err(problems) => {
+            // Touch no child: the last good state keeps running.
+            let message = problems.join("; ");
+            ctx.event(ac, EventType::Warning, "InvalidSpec", message.clone()).await;
+            let status = AgentClusterStatus {
+                conditions: conditions(ac, None, Some(("InvalidSpec", message))),
+                observed_generation: ac.metadata.generation,
+                ..ac.status.clone().unwrap_or_default()
+            };
+            patch_status(ctx, &ns, ac, &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    ensure_cluster_secret(ctx, &ns, ac).await?;
+    let deployment = apply(&ctx.api::<Deployment>(&ns), &build::deployment(ac, &timings, &ctx.sidecar_image)).await?;
+    apply(&ctx.api::<Service>(&ns), &build::service(ac)).await?;
+    apply(&ctx.api::<PodDisruptionBudget>(&ns), &build::pod_disruption_budget(ac)).await?;
+    apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac)).await?;
+
+    let (leases, degraded) = match lease_counts(ctx, &ns, ac).await {
+        Ok(leases) => (leases, None),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count leases");
+            (HashMap::new(), Some(("StoreUnavailable", e.to_string())))
+        }
+    };
+    let total: i64 = leases.values().sum();
+    ctx.metrics.leases(&ns, &ac.name_any(), total);
+    set_deletion_costs(ctx, &ns, ac, &leases).await?;
+    let d = deployment.status.unwrap_or_default();
+    let status = AgentClusterStatus {
+        replicas: d.replicas.unwrap_or(0),
+        ready_replicas: d.ready_replicas.unwrap_or(0),
+        leases: total,
+        observed_generation: ac.metadata.generation,
+        conditions: conditions(ac, Some(&deployment_progress(&deployment.metadata, ac, &d)), degraded),
+    };
+    patch_status(ctx, &ns, ac, &status).await?;
+    Ok(Action::requeue(STATUS_REFRESH))
+}
+
+/// Readiness facts for the conditions.
+pub struct Progress {
+    pub desired: i32,
+    pub ready: i32,
+    pub updated: i32,
+    pub rolled_out: bool,
+}
+
+fn deployment_progress(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ac: &AgentCluster,
+    d: &k8s_openapi::api::apps::v1::DeploymentStatus,
+) -> Progress {
+    let desired = ac.spec.replicas;
+    let updated = d.updated_replicas.unwrap_or(0);
+    let observed = d.observed_generation.unwrap_or(0) >= meta.generation.unwrap_or(0);
+    let rolled_out = observed && updated >= desired && d.replicas.unwrap_or(0) == desired;
+    Progress { desired, ready: d.ready_replicas.unwrap_or(0), updated, rolled_out }
+}
+
+fn condition(ac: &AgentCluster, type_: &str, status: bool, reason: &str, message: String) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    // Keep the transition time while the status stays the same.
+    let previous = ac.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => Time(jiff::Timestamp::now()),
+    };
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: ac.metadata.generation,
+        last_transition_time,
+    }
+}
+
+/// `Available`, `Progressing`, `Degraded`. `progress` is `None` when nothing was applied.
+pub fn conditions(ac: &AgentCluster, progress: Option<&Progress>, degraded: Option<(&str, String)>) -> Vec<Condition> {
+    let mut out = Vec::new();
+    if let Some(p) = progress {
+        let available = p.desired == 0 || p.ready >= 1;
+        out.push(condition(ac, "Available", available, if available { "PodsReady" } else { "NoPodReady" },
+            format!("{}/{} pods ready", p.ready, p.desired)));
+        let progressing = !p.rolled_out;
+        out.push(condition(ac, "Progressing", progressing, if progressing { "RollingOut" } else { "RolledOut" },
+            format!("{}/{} pods updated", p.updated, p.desired)));
+    } else if let Some(old) = &ac.status {
+        out.extend(old.conditions.iter().filter(|c| c.type_ != "Degraded").cloned());
+    }
+    out.push(match degraded {
+        Some((reason, message)) => condition(ac, "Degraded", true, reason, message),
+        None => condition(ac, "Degraded", false, "AsExpected", String::new()),
+    });
+    out
+}
+
+async fn patch_status(ctx: &Context, ns: &str, ac: &AgentCluster, status: &AgentClusterStatus) -> Result<()> {
+    let api = ctx.api::<AgentCluster>(ns);
+    let patch = Patch::Merge(json!({ "status": status }));
+    api.patch_status(&ac.name_any(), &PatchParams::default(), &patch).await.map_err(kube("patch status"))?;
+    Ok(())
+}
+
+/// Create the cluster secret once when the spec names none (never overwrite: pods use it).
+async fn ensure_cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<()> {
+    if ac.spec.cluster_secret.is_some() {
+        return Ok(());
+    }
+    let api = ctx.api::<Secret>(ns);
+    let name = build::cluster_secret_name(ac);
+    if api.get_opt(&name).await.map_err(kube("get cluster secret"))?.is_some() {
+        return Ok(());
+    }
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &build::cluster_secret(ac)).await {
+        Ok(_) => {
+            ctx.event(ac, EventType::Normal, "ClusterSecretCreated", format!("created Secret {name}")).await;
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()), // created concurrently
+        Err(e) => Err(kube("create cluster secret")(e)),
+    }
+}
+
+/// The Postgres URL from the cluster's database Secret.
+pub async fn database_url(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<String> {
+    let db = &ac.spec.database;
+    let secret = ctx.api::<Secret>(ns).get_opt(&db.secret_name).await.map_err(kube("get database secret"))?;
+    let missing = || Error::DatabaseSecret(db.secret_name.clone(), db.key.clone());
+    let value = secret.and_then(|s| s.data).and_then(|d| d.get(&db.key).cloned()).ok_or_else(missing)?;
+    String::from_utf8(value.0).map_err(|_| missing())
+}
+
+pub async fn cluster_pods(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<Vec<Pod>> {
+    let selector = format!("{CLUSTER_LABEL}={}", ac.name_any());
+    let pods = ctx.api::<Pod>(ns).list(&ListParams::default().labels(&selector)).await.map_err(kube("list pods"))?;
+    Ok(pods.items)
+}
+
+/// Live leases per pod, counted in Postgres.
+async fn lease_counts(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<HashMap<String, i64>> {
+    let store = ctx.stores.get(&database_url(ctx, ns, ac).await?)?;
+    let pods: Vec<String> = cluster_pods(ctx, ns, ac).await?.iter().map(|p| p.name_any()).collect();
+    Ok(store.live_leases_by_node(&pods).await?)
+}
+
+/// `pod-deletion-cost` = the pod's lease count, so a scale-down removes the least-loaded.
+async fn set_deletion_costs(ctx: &Context, ns: &str, ac: &AgentCluster, leases: &HashMap<String, i64>) -> Result<()> {
+    let api = ctx.api::<Pod>(ns);
+    for pod in cluster_pods(ctx, ns, ac).await? {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let cost = leases.get(&pod.name_any()).copied().unwrap_or(0).to_string();
+        if pod.annotations().get(DELETION_COST) == Some(&cost) {
+            continue;
+        }
+        let patch = Patch::Merge(json!({ "metadata": { "annotations": { DELETION_COST: cost } } }));
+        api.patch(&pod.name_any(), &PatchParams::default(), &patch).await.map_err(kube("set pod-deletion-cost"))?;
+    }
+    Ok(())
+}

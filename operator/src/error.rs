@@ -1,0 +1,43 @@
+//! Errors of the operator, each with a short label for the `errors` metric.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {context}")]
+    Kube {
+        context: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("lease store failed")]
+    Store(#[from] leasehold_sidecar::store::Error),
+    #[error("object has no namespace")]
+    NotNamespaced,
+    #[error("database secret {0} has no usable key {1}")]
+    DatabaseSecret(String, String),
+    #[error("drain of pod {pod} failed")]
+    Drain {
+        pod: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Label for `leasehold_operator_errors_total{error=...}`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "kube",
+            Error::Store(_) => "store",
+            Error::NotNamespaced => "not_namespaced",
+            Error::DatabaseSecret(..) => "database_secret",
+            Error::Drain { .. } => "drain",
+        }
+    }
+}
+
+/// Attach the call's description to a kube error.
+pub fn kube(context: &'static str) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Kube { context, source }
+}

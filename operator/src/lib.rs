@@ -1,0 +1,13 @@
+//! leasehold operator: reconciles AgentCluster into agent pods with the sidecar injected,
+//! drives drains, revokes dead pods' leases, and reports status from Postgres.
+
+pub mod args;
+pub mod build;
+pub mod controller;
+pub mod error;
+pub mod leader;
+pub mod metrics;
+pub mod pods;
+pub mod run;
+pub mod stores;
+pub mod validate;

@@ -1,0 +1,88 @@
+//! Operator metrics (`/metrics`) and health (`/healthz`).
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{routing::get, Router};
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    error: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabel {
+    namespace: String,
+    cluster: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Counter,
+    errors: Family<ErrorLabel, Counter>,
+    drains: Family<Outcome, Counter>,
+    revocations: Counter,
+    leases: Family<ClusterLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("leasehold_operator");
+        let m = Metrics {
+            registry: Registry::default(),
+            reconciles: Counter::default(),
+            errors: Family::default(),
+            drains: Family::default(),
+            revocations: Counter::default(),
+            leases: Family::default(),
+        };
+        registry.register("reconciles", "AgentCluster reconciliations", m.reconciles.clone());
+        registry.register("errors", "Reconcile and pod-handling errors by kind", m.errors.clone());
+        registry.register("drains", "Pod drains driven through the admin port, by outcome", m.drains.clone());
+        registry.register("revocations", "Leases revoked for pods reported gone or failed", m.revocations.clone());
+        registry.register("leases", "Live session leases per AgentCluster", m.leases.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    pub fn reconcile(&self) {
+        self.reconciles.inc();
+    }
+    pub fn error(&self, label: &str) {
+        self.errors.get_or_create(&ErrorLabel { error: label.to_owned() }).inc();
+    }
+    pub fn drain(&self, outcome: &str) {
+        self.drains.get_or_create(&Outcome { outcome: outcome.to_owned() }).inc();
+    }
+    pub fn revoked(&self, sessions: u64) {
+        self.revocations.inc_by(sessions);
+    }
+    pub fn leases(&self, namespace: &str, cluster: &str, n: i64) {
+        self.leases.get_or_create(&ClusterLabel { namespace: namespace.to_owned(), cluster: cluster.to_owned() }).set(n);
+    }
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serve `/metrics` and `/healthz` until the process ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(move || async move { metrics.encode() }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app).await
+}

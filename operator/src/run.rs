@@ -1,0 +1,79 @@
+//! Wiring: metrics server, leader election, the AgentCluster controller and the pod
+//! watcher. Returns when leadership is lost or a component stops.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::{
+    apps::v1::Deployment, coordination::v1::Lease, core::v1::{Pod, Service},
+    networking::v1::NetworkPolicy, policy::v1::PodDisruptionBudget,
+};
+use kube::{
+    runtime::{controller::Controller, events::{Recorder, Reporter}, watcher},
+    Api, Client,
+};
+use leasehold_crds::AgentCluster;
+
+use crate::{
+    args::Args,
+    controller::{error_policy, reconcile, Context},
+    leader::LeaderElection,
+    metrics::{self, Metrics},
+    pods,
+    stores::Stores,
+};
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let server = tokio::spawn(metrics::serve(args.metrics_listen, metrics.clone()));
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("leasehold-operator-{}", uuid::Uuid::new_v4().simple()))
+    });
+    let election = LeaderElection {
+        api: Api::<Lease>::namespaced(client.clone(), &args.leader_namespace),
+        name: args.leader_lease.clone(),
+        identity: identity.clone(),
+    };
+    election.acquire().await;
+
+    let ns = args.watch_namespace.as_deref();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        sidecar_image: args.sidecar_image.clone(),
+        metrics,
+        stores: Stores::default(),
+        recorder: Recorder::new(client.clone(), Reporter { controller: "leasehold-operator".into(), instance: Some(identity) }),
+        http: reqwest::Client::new(),
+    });
+    let config = watcher::Config::default();
+    let controller = Controller::new(api::<AgentCluster>(&client, ns), config.clone())
+        .owns(api::<Deployment>(&client, ns), config.clone())
+        .owns(api::<Service>(&client, ns), config.clone())
+        .owns(api::<PodDisruptionBudget>(&client, ns), config.clone())
+        .owns(api::<NetworkPolicy>(&client, ns), config)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile loop");
+            }
+        });
+    let watcher = pods::watch(ctx, api::<Pod>(&client, ns));
+    tokio::select! {
+        _ = controller => tracing::info!("controller stopped"),
+        _ = watcher => anyhow::bail!("pod watcher stopped"),
+        _ = election.hold() => anyhow::bail!("lost leadership"),
+        served = server => anyhow::bail!("metrics server stopped: {served:?}"),
+    }
+    Ok(())
+}

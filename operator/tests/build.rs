@@ -1,0 +1,166 @@
+//! The pure `build` step from YAML fixtures: no client, no cluster.
+
+use std::time::Duration;
+
+use k8s_openapi::{api::core::v1::Container, apimachinery::pkg::util::intstr::IntOrString};
+use leasehold_crds::AgentCluster;
+use leasehold_operator::{
+    build::{self, CLUSTER_LABEL, TEMPLATE_HASH},
+    validate::{validate, Timings, SIDECAR_CONTAINER},
+};
+
+const IMAGE: &str = "leasehold/sidecar:default";
+
+fn fixture(name: &str) -> AgentCluster {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> &'a k8s_openapi::api::core::v1::EnvVar {
+    c.env.as_ref().unwrap().iter().find(|e| e.name == name).unwrap_or_else(|| panic!("env {name}"))
+}
+
+#[test]
+fn the_deployment_injects_the_sidecar_and_drain_hooks() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    assert_eq!(timings, Timings {
+        lease_ttl: Duration::from_secs(15),
+        heartbeat: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(25)
+    });
+    let d = build::deployment(&ac, &timings, IMAGE);
+    assert_eq!(d.metadata.name.as_deref(), Some("chat"));
+    assert_eq!(d.metadata.namespace.as_deref(), Some("team-a"));
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("AgentCluster", "chat", Some(true)));
+    assert_eq!(d.spec.replicas, Some(3));
+    let rolling = d.spec.strategy.as_ref().unwrap().rolling_update.as_ref().unwrap();
+    assert_eq!(rolling.max_surge, Some(IntOrString::String("25%".into())));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+
+    let template = &d.spec.template;
+    let labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"), "user labels kept");
+    assert_eq!(labels.get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
+    assert_eq!(d.spec.selector.match_labels.as_ref().unwrap().get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
+    let pod = template.spec.as_ref().unwrap();
+    assert_eq!(pod.termination_grace_period_seconds, Some(25 + build::GRACE_MARGIN_SECS));
+    let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", SIDECAR_CONTAINER]);
+    for c in &pod.containers {
+        let hook = c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!((hook.path.as_deref(), &hook.port), (Some("/drain"), &IntOrString::String("admin".into())), "{}", c.name);
+    }
+    let sidecar = &pod.containers[1];
+    assert_eq!(sidecar.image.as_deref(), Some("leasehold/sidecar:9.9"), "the spec's image wins");
+    assert_eq!(env(sidecar, "LEASEHOLD_AGENT_URL").value.as_deref(), Some("http://127.0.0.1:3000"));
+    assert_eq!(env(sidecar, "LEASEHOLD_LEASE_TTL").value.as_deref(), Some("15s"));
+    assert_eq!(env(sidecar, "LEASEHOLD_HEARTBEAT_INTERVAL").value.as_deref(), Some("5s"));
+    assert_eq!(env(sidecar, "LEASEHOLD_DRAIN_TIMEOUT").value.as_deref(), Some("25s"));
+    assert_eq!(env(sidecar, "LEASEHOLD_LOG").value.as_deref(), Some("debug"));
+    let pod_name = env(sidecar, "POD_NAME").value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+    assert_eq!(pod_name.field_path, "metadata.name");
+    let pod_ip = env(sidecar, "POD_IP").value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+    assert_eq!(pod_ip.field_path, "status.podIP");
+    let db = env(sidecar, "DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((db.name.as_str(), db.key.as_str()), ("chat-db", "DATABASE_URL"));
+    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((secret.name.as_str(), secret.key.as_str()), ("chat-cluster-secret", "cluster-secret"));
+    let ready = sidecar.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
+    let live = sidecar.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    assert_eq!(live.path.as_deref(), Some("/healthz"));
+    let security = sidecar.security_context.as_ref().unwrap();
+    assert_eq!((security.run_as_non_root, security.read_only_root_filesystem), (Some(true), Some(true)));
+}
+
+#[test]
+fn a_spec_change_changes_the_template_hash_so_the_deployment_rolls() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let hash = |ac: &AgentCluster| {
+        let d = build::deployment(ac, &timings, IMAGE);
+        d.spec.template.metadata.unwrap().annotations.unwrap()[TEMPLATE_HASH].clone()
+    };
+    let before = hash(&ac);
+    assert_eq!(before, hash(&ac), "stable for the same spec");
+    let mut changed = ac.clone();
+    let pod = changed.spec.template.spec.as_mut().unwrap();
+    pod.containers[0].env = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+        name: "MODEL".into(),
+        value: Some("bigger".into()),
+        ..Default::default()
+    }]);
+    assert_ne!(before, hash(&changed), "an env var change rolls");
+    let mut scaled = ac.clone();
+    scaled.spec.replicas = 7;
+    assert_eq!(before, hash(&scaled), "scaling does not roll the pods");
+}
+
+#[test]
+fn existing_hooks_grace_and_named_secrets_are_respected() {
+    let ac = fixture("custom-secret-long-grace.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let d = build::deployment(&ac, &timings, IMAGE);
+    let pod = d.spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.termination_grace_period_seconds, Some(600), "a longer user grace period is kept");
+    let worker = &pod.containers[0];
+    assert!(worker.lifecycle.as_ref().unwrap().post_start.is_some(), "the user's postStart hook is kept");
+    assert!(worker.lifecycle.as_ref().unwrap().pre_stop.is_some());
+    assert!(pod.containers[1].lifecycle.as_ref().unwrap().pre_stop.is_some(), "every agent container");
+    let sidecar = pod.containers.iter().find(|c| c.name == SIDECAR_CONTAINER).unwrap();
+    assert_eq!(sidecar.image.as_deref(), Some(IMAGE), "the operator's default image");
+    let db = env(sidecar, "DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((db.name.as_str(), db.key.as_str()), ("pg", "URL"));
+    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((secret.name.as_str(), secret.key.as_str()), ("shared-secret", "token"));
+}
+
+#[test]
+fn service_pdb_and_network_policy() {
+    let ac = fixture("basic.yaml");
+    let svc = build::service(&ac).spec.unwrap();
+    assert_eq!(svc.type_.as_deref(), Some("LoadBalancer"));
+    let port = &svc.ports.as_ref().unwrap()[0];
+    assert_eq!((port.port, &port.target_port), (443, &Some(IntOrString::String("public".into()))));
+    assert_eq!(svc.selector.as_ref().unwrap().get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
+
+    let pdb = build::pod_disruption_budget(&ac).spec.unwrap();
+    assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+
+    let np = build::network_policy(&ac).spec.unwrap();
+    let rules = np.ingress.unwrap();
+    let peer = rules.iter().find(|r| r.ports.as_ref().unwrap().iter().any(|p| p.port == Some(IntOrString::Int(8081)))).unwrap();
+    let from = peer.from.as_ref().expect("the peer port is restricted");
+    let selector = from[0].pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+    assert_eq!(selector.get(CLUSTER_LABEL).map(String::as_str), Some("chat"), "only this cluster's pods");
+    assert!(from[0].namespace_selector.is_none(), "and only from this namespace");
+    let open: Vec<_> = rules.iter().filter(|r| r.from.is_none()).flat_map(|r| r.ports.clone().unwrap()).collect();
+    let open_ports: Vec<_> = open.iter().map(|p| p.port.clone().unwrap()).collect();
+    assert_eq!(open_ports, [IntOrString::Int(8080), IntOrString::Int(9090)], "public and admin only; the agent port is closed");
+}
+
+#[test]
+fn the_generated_cluster_secret_is_random_and_owned() {
+    let ac = fixture("basic.yaml");
+    let (a, b) = (build::cluster_secret(&ac), build::cluster_secret(&ac));
+    assert_eq!(a.metadata.name.as_deref(), Some("chat-cluster-secret"));
+    assert!(a.metadata.owner_references.is_some());
+    let value = |s: &k8s_openapi::api::core::v1::Secret| s.string_data.as_ref().unwrap()["cluster-secret"].clone();
+    assert_eq!(value(&a).len(), 64);
+    assert_ne!(value(&a), value(&b));
+}
+
+#[test]
+fn invalid_specs_report_every_problem() {
+    let ac = fixture("invalid.yaml");
+    let problems = validate(&ac.spec).unwrap_err();
+    let all = problems.join("\n");
+    for expected in ["spec.replicas", "spec.agentPort", "drainTimeout", "reserved for the sidecar", "collides"] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+    let mut hb = fixture("basic.yaml");
+    hb.spec.sidecar.heartbeat_interval = "8s".into();
+    assert!(validate(&hb.spec).unwrap_err()[0].contains("less than half"));
+}
