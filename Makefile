@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-fast lint fmt bench deps build
+.PHONY: help demo test test-fast lint fmt bench deps build generate chart
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,9 +21,16 @@ test: deps ## the whole suite: lint, then every test (unit, store, real processe
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo build --workspace --bins --locked
 	scripts/with-postgres.sh cargo test --workspace --locked
+	scripts/test-chart.sh
 
 test-fast: ## unit tests only (no Postgres)
 	cargo test --workspace --lib --bins
+
+generate: ## regenerate the CRD yaml (crds/ and the chart's copy) from the Rust types
+	cargo run -q -p leasehold-crds --bin crdgen -- --write
+
+chart: ## lint and render the Helm chart, check its objects and RBAC
+	scripts/test-chart.sh
 
 lint: ## rustfmt check and clippy with warnings as errors
 	cargo fmt --all -- --check

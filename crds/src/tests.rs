@@ -31,7 +31,9 @@ fn names_match_the_contract() {
 fn the_schema_carries_the_cross_field_rules_and_docs() {
     let yaml = crd_yaml();
     assert!(yaml.contains("heartbeatInterval must be less than half of leaseTtl"));
-    assert!(yaml.contains("duration(self.heartbeatInterval) + duration(self.heartbeatInterval) < duration(self.leaseTtl)"));
+    assert!(yaml.contains(
+        "duration(self.heartbeatInterval) + duration(self.heartbeatInterval) < duration(self.leaseTtl)"
+    ));
     assert!(yaml.contains("drainTimeout must be between 1s and 1h"));
     assert!(yaml.contains("replicas must be >= 0"));
     assert!(yaml.contains("x-kubernetes-preserve-unknown-fields: true"));

@@ -9,8 +9,8 @@ use k8s_openapi::{
         apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
         core::v1::{
             Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle, LifecycleHandler,
-            ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector, SecurityContext, Service,
-            ServicePort, ServiceSpec,
+            ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector, SecurityContext,
+            Service, ServicePort, ServiceSpec,
         },
         networking::v1::{
             NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -51,7 +51,10 @@ pub fn selector(ac: &AgentCluster) -> BTreeMap<String, String> {
 
 /// The generated cluster secret's name, when the spec names none.
 pub fn cluster_secret_name(ac: &AgentCluster) -> String {
-    ac.spec.cluster_secret.as_ref().map_or_else(|| format!("{}-cluster-secret", ac.name_any()), |s| s.secret_name.clone())
+    ac.spec
+        .cluster_secret
+        .as_ref()
+        .map_or_else(|| format!("{}-cluster-secret", ac.name_any()), |s| s.secret_name.clone())
 }
 
 fn cluster_secret_key(ac: &AgentCluster) -> String {
@@ -88,7 +91,11 @@ fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: secret.to_owned(), key: key.to_owned(), optional: None }),
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: None,
+            }),
             ..Default::default()
         }),
         ..EnvVar::default()
@@ -96,7 +103,11 @@ fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
 }
 
 fn admin_get(path: &str) -> HTTPGetAction {
-    HTTPGetAction { path: Some(path.to_owned()), port: IntOrString::String("admin".into()), ..Default::default() }
+    HTTPGetAction {
+        path: Some(path.to_owned()),
+        port: IntOrString::String("admin".into()),
+        ..Default::default()
+    }
 }
 
 /// The preStop hook: the kubelet calls the sidecar's drain before any container gets
@@ -109,7 +120,12 @@ fn drain_hook() -> Lifecycle {
 }
 
 fn port(name: &str, port: i32) -> ContainerPort {
-    ContainerPort { name: Some(name.to_owned()), container_port: port, protocol: Some("TCP".into()), ..Default::default() }
+    ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
 }
 
 fn sidecar(ac: &AgentCluster, image: &str) -> Container {
@@ -179,14 +195,18 @@ pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str) -> Deployme
     let mut template: PodTemplateSpec = spec.template.clone();
     let mut pod_meta = template.metadata.take().unwrap_or_default();
     pod_meta.labels.get_or_insert_with(BTreeMap::new).extend(labels(ac));
-    pod_meta.annotations.get_or_insert_with(BTreeMap::new).insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
+    pod_meta
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
     let mut pod: PodSpec = template.spec.take().unwrap_or_default();
     for container in &mut pod.containers {
         container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = drain_hook().pre_stop;
     }
     pod.containers.push(sidecar(ac, image));
     let needed = i64::try_from(timings.drain_timeout.as_secs()).unwrap_or(i64::MAX) + GRACE_MARGIN_SECS;
-    pod.termination_grace_period_seconds = Some(pod.termination_grace_period_seconds.unwrap_or(0).max(needed));
+    pod.termination_grace_period_seconds =
+        Some(pod.termination_grace_period_seconds.unwrap_or(0).max(needed));
     Deployment {
         metadata: meta(ac, ac.name_any()),
         spec: DeploymentSpec {
@@ -254,7 +274,10 @@ pub fn network_policy(ac: &AgentCluster) -> NetworkPolicy {
             policy_types: Some(vec!["Ingress".into()]),
             ingress: Some(vec![
                 NetworkPolicyIngressRule {
-                    from: Some(vec![NetworkPolicyPeer { pod_selector: Some(this_cluster), ..Default::default() }]),
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(this_cluster),
+                        ..Default::default()
+                    }]),
                     ports: Some(vec![tcp(PEER_PORT)]),
                 },
                 NetworkPolicyIngressRule { from: None, ports: Some(vec![tcp(PUBLIC_PORT), tcp(ADMIN_PORT)]) },

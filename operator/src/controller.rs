@@ -59,7 +59,8 @@ impl Context {
     }
 
     pub async fn event(&self, ac: &AgentCluster, type_: EventType, reason: &str, note: String) {
-        let event = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
+        let event =
+            Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
         if let Err(e) = self.recorder.publish(&event, &build::reference(ac)).await {
             tracing::debug!(error = %e, "could not record event");
         }
@@ -71,7 +72,9 @@ where
     K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
     let name = object.meta().name.clone().expect("built objects are named");
-    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(object)).await.map_err(kube("apply child"))
+    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(object))
+        .await
+        .map_err(kube("apply child"))
 }
 
 /// The thin entry point: metrics and tracing around the pipeline.
@@ -106,7 +109,8 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
         }
     };
     ensure_cluster_secret(ctx, &ns, ac).await?;
-    let deployment = apply(&ctx.api::<Deployment>(&ns), &build::deployment(ac, &timings, &ctx.sidecar_image)).await?;
+    let deployment =
+        apply(&ctx.api::<Deployment>(&ns), &build::deployment(ac, &timings, &ctx.sidecar_image)).await?;
     apply(&ctx.api::<Service>(&ns), &build::service(ac)).await?;
     apply(&ctx.api::<PodDisruptionBudget>(&ns), &build::pod_disruption_budget(ac)).await?;
     apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac)).await?;
@@ -172,15 +176,29 @@ fn condition(ac: &AgentCluster, type_: &str, status: bool, reason: &str, message
 }
 
 /// `Available`, `Progressing`, `Degraded`. `progress` is `None` when nothing was applied.
-pub fn conditions(ac: &AgentCluster, progress: Option<&Progress>, degraded: Option<(&str, String)>) -> Vec<Condition> {
+pub fn conditions(
+    ac: &AgentCluster,
+    progress: Option<&Progress>,
+    degraded: Option<(&str, String)>,
+) -> Vec<Condition> {
     let mut out = Vec::new();
     if let Some(p) = progress {
         let available = p.desired == 0 || p.ready >= 1;
-        out.push(condition(ac, "Available", available, if available { "PodsReady" } else { "NoPodReady" },
-            format!("{}/{} pods ready", p.ready, p.desired)));
+        out.push(condition(
+            ac,
+            "Available",
+            available,
+            if available { "PodsReady" } else { "NoPodReady" },
+            format!("{}/{} pods ready", p.ready, p.desired),
+        ));
         let progressing = !p.rolled_out;
-        out.push(condition(ac, "Progressing", progressing, if progressing { "RollingOut" } else { "RolledOut" },
-            format!("{}/{} pods updated", p.updated, p.desired)));
+        out.push(condition(
+            ac,
+            "Progressing",
+            progressing,
+            if progressing { "RollingOut" } else { "RolledOut" },
+            format!("{}/{} pods updated", p.updated, p.desired),
+        ));
     } else if let Some(old) = &ac.status {
         out.extend(old.conditions.iter().filter(|c| c.type_ != "Degraded").cloned());
     }
@@ -208,7 +226,13 @@ async fn ensure_cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Re
     if api.get_opt(&name).await.map_err(kube("get cluster secret"))?.is_some() {
         return Ok(());
     }
-    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &build::cluster_secret(ac)).await {
+    match api
+        .create(
+            &PostParams { field_manager: Some(MANAGER.into()), ..Default::default() },
+            &build::cluster_secret(ac),
+        )
+        .await
+    {
         Ok(_) => {
             ctx.event(ac, EventType::Normal, "ClusterSecretCreated", format!("created Secret {name}")).await;
             Ok(())
@@ -229,7 +253,8 @@ pub async fn database_url(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<
 
 pub async fn cluster_pods(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<Vec<Pod>> {
     let selector = format!("{CLUSTER_LABEL}={}", ac.name_any());
-    let pods = ctx.api::<Pod>(ns).list(&ListParams::default().labels(&selector)).await.map_err(kube("list pods"))?;
+    let pods =
+        ctx.api::<Pod>(ns).list(&ListParams::default().labels(&selector)).await.map_err(kube("list pods"))?;
     Ok(pods.items)
 }
 
@@ -241,7 +266,12 @@ async fn lease_counts(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<Hash
 }
 
 /// `pod-deletion-cost` = the pod's lease count, so a scale-down removes the least-loaded.
-async fn set_deletion_costs(ctx: &Context, ns: &str, ac: &AgentCluster, leases: &HashMap<String, i64>) -> Result<()> {
+async fn set_deletion_costs(
+    ctx: &Context,
+    ns: &str,
+    ac: &AgentCluster,
+    leases: &HashMap<String, i64>,
+) -> Result<()> {
     let api = ctx.api::<Pod>(ns);
     for pod in cluster_pods(ctx, ns, ac).await? {
         if pod.metadata.deletion_timestamp.is_some() {
@@ -252,7 +282,9 @@ async fn set_deletion_costs(ctx: &Context, ns: &str, ac: &AgentCluster, leases: 
             continue;
         }
         let patch = Patch::Merge(json!({ "metadata": { "annotations": { DELETION_COST: cost } } }));
-        api.patch(&pod.name_any(), &PatchParams::default(), &patch).await.map_err(kube("set pod-deletion-cost"))?;
+        api.patch(&pod.name_any(), &PatchParams::default(), &patch)
+            .await
+            .map_err(kube("set pod-deletion-cost"))?;
     }
     Ok(())
 }

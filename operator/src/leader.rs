@@ -7,10 +7,7 @@ use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
 };
-use kube::{
-    api::{PostParams},
-    Api,
-};
+use kube::{api::PostParams, Api};
 
 use crate::error::{kube, Result};
 
@@ -48,7 +45,8 @@ impl LeaderElection {
         let ours = spec.holder_identity.as_deref() == Some(&self.identity);
         let expired = spec.renew_time.as_ref().is_none_or(|t| {
             let age = jiff::Timestamp::now().duration_since(t.0);
-            let duration = spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(0) as u64));
+            let duration =
+                spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(0) as u64));
             age.unsigned_abs() > duration
         });
         if !ours && !expired {

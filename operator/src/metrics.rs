@@ -49,7 +49,11 @@ impl Default for Metrics {
         registry.register("reconciles", "AgentCluster reconciliations", m.reconciles.clone());
         registry.register("errors", "Reconcile and pod-handling errors by kind", m.errors.clone());
         registry.register("drains", "Pod drains driven through the admin port, by outcome", m.drains.clone());
-        registry.register("revocations", "Leases revoked for pods reported gone or failed", m.revocations.clone());
+        registry.register(
+            "revocations",
+            "Leases revoked for pods reported gone or failed",
+            m.revocations.clone(),
+        );
         registry.register("leases", "Live session leases per AgentCluster", m.leases.clone());
         Metrics { registry, ..m }
     }
@@ -69,7 +73,9 @@ impl Metrics {
         self.revocations.inc_by(sessions);
     }
     pub fn leases(&self, namespace: &str, cluster: &str, n: i64) {
-        self.leases.get_or_create(&ClusterLabel { namespace: namespace.to_owned(), cluster: cluster.to_owned() }).set(n);
+        self.leases
+            .get_or_create(&ClusterLabel { namespace: namespace.to_owned(), cluster: cluster.to_owned() })
+            .set(n);
     }
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -112,7 +112,8 @@ pub async fn handle(ctx: &Context, pod: &Pod, gone: bool, seen: &Seen) {
                 Err(e) => {
                     // The preStop hook still drains; the lease TTL is the last resort.
                     ctx.metrics.drain("failed");
-                    ctx.event(&ac, EventType::Warning, "DrainFailed", format!("{e}: {:?}", e.to_string())).await;
+                    ctx.event(&ac, EventType::Warning, "DrainFailed", format!("{e}: {:?}", e.to_string()))
+                        .await;
                 }
             },
             PodAction::Revoke => match revoke(ctx, pod, &ac).await {

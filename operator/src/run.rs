@@ -5,11 +5,18 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::{
-    apps::v1::Deployment, coordination::v1::Lease, core::v1::{Pod, Service},
-    networking::v1::NetworkPolicy, policy::v1::PodDisruptionBudget,
+    apps::v1::Deployment,
+    coordination::v1::Lease,
+    core::v1::{Pod, Service},
+    networking::v1::NetworkPolicy,
+    policy::v1::PodDisruptionBudget,
 };
 use kube::{
-    runtime::{controller::Controller, events::{Recorder, Reporter}, watcher},
+    runtime::{
+        controller::Controller,
+        events::{Recorder, Reporter},
+        watcher,
+    },
     Api, Client,
 };
 use leasehold_crds::AgentCluster;
@@ -37,7 +44,8 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let server = tokio::spawn(metrics::serve(args.metrics_listen, metrics.clone()));
     let identity = args.identity.clone().unwrap_or_else(|| {
-        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("leasehold-operator-{}", uuid::Uuid::new_v4().simple()))
+        std::env::var("HOSTNAME")
+            .unwrap_or_else(|_| format!("leasehold-operator-{}", uuid::Uuid::new_v4().simple()))
     });
     let election = LeaderElection {
         api: Api::<Lease>::namespaced(client.clone(), &args.leader_namespace),
@@ -52,7 +60,10 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
         sidecar_image: args.sidecar_image.clone(),
         metrics,
         stores: Stores::default(),
-        recorder: Recorder::new(client.clone(), Reporter { controller: "leasehold-operator".into(), instance: Some(identity) }),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter { controller: "leasehold-operator".into(), instance: Some(identity) },
+        ),
         http: reqwest::Client::new(),
     });
     let config = watcher::Config::default();

@@ -27,7 +27,9 @@ fn duration(field: &str, value: &str, problems: &mut Vec<String>) -> Option<Dura
     match humantime::parse_duration(value) {
         Ok(d) if !d.is_zero() => Some(d),
         _ => {
-            problems.push(format!("spec.sidecar.{field}: {value:?} is not a positive duration (e.g. 15s, 500ms)"));
+            problems.push(format!(
+                "spec.sidecar.{field}: {value:?} is not a positive duration (e.g. 15s, 500ms)"
+            ));
             None
         }
     }
@@ -63,7 +65,9 @@ pub fn validate(spec: &AgentClusterSpec) -> Result<Timings, Vec<String>> {
     }
     for c in containers {
         if c.name == SIDECAR_CONTAINER {
-            problems.push(format!("spec.template: container name {SIDECAR_CONTAINER:?} is reserved for the sidecar"));
+            problems.push(format!(
+                "spec.template: container name {SIDECAR_CONTAINER:?} is reserved for the sidecar"
+            ));
         }
         for port in c.ports.iter().flatten() {
             if SIDECAR_PORTS.contains(&port.container_port) {

@@ -24,16 +24,22 @@ fn env<'a>(c: &'a Container, name: &str) -> &'a k8s_openapi::api::core::v1::EnvV
 fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     let ac = fixture("basic.yaml");
     let timings = validate(&ac.spec).unwrap();
-    assert_eq!(timings, Timings {
-        lease_ttl: Duration::from_secs(15),
-        heartbeat: Duration::from_secs(5),
-        drain_timeout: Duration::from_secs(25)
-    });
+    assert_eq!(
+        timings,
+        Timings {
+            lease_ttl: Duration::from_secs(15),
+            heartbeat: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(25)
+        }
+    );
     let d = build::deployment(&ac, &timings, IMAGE);
     assert_eq!(d.metadata.name.as_deref(), Some("chat"));
     assert_eq!(d.metadata.namespace.as_deref(), Some("team-a"));
     let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("AgentCluster", "chat", Some(true)));
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("AgentCluster", "chat", Some(true))
+    );
     assert_eq!(d.spec.replicas, Some(3));
     let rolling = d.spec.strategy.as_ref().unwrap().rolling_update.as_ref().unwrap();
     assert_eq!(rolling.max_surge, Some(IntOrString::String("25%".into())));
@@ -43,14 +49,22 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     let labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
     assert_eq!(labels.get("team").map(String::as_str), Some("a"), "user labels kept");
     assert_eq!(labels.get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
-    assert_eq!(d.spec.selector.match_labels.as_ref().unwrap().get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
+    assert_eq!(
+        d.spec.selector.match_labels.as_ref().unwrap().get(CLUSTER_LABEL).map(String::as_str),
+        Some("chat")
+    );
     let pod = template.spec.as_ref().unwrap();
     assert_eq!(pod.termination_grace_period_seconds, Some(25 + build::GRACE_MARGIN_SECS));
     let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", SIDECAR_CONTAINER]);
     for c in &pod.containers {
         let hook = c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap().http_get.as_ref().unwrap();
-        assert_eq!((hook.path.as_deref(), &hook.port), (Some("/drain"), &IntOrString::String("admin".into())), "{}", c.name);
+        assert_eq!(
+            (hook.path.as_deref(), &hook.port),
+            (Some("/drain"), &IntOrString::String("admin".into())),
+            "{}",
+            c.name
+        );
     }
     let sidecar = &pod.containers[1];
     assert_eq!(sidecar.image.as_deref(), Some("leasehold/sidecar:9.9"), "the spec's image wins");
@@ -65,7 +79,13 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     assert_eq!(pod_ip.field_path, "status.podIP");
     let db = env(sidecar, "DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!((db.name.as_str(), db.key.as_str()), ("chat-db", "DATABASE_URL"));
-    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET")
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
     assert_eq!((secret.name.as_str(), secret.key.as_str()), ("chat-cluster-secret", "cluster-secret"));
     let ready = sidecar.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
     assert_eq!(ready.path.as_deref(), Some("/readyz"));
@@ -113,7 +133,13 @@ fn existing_hooks_grace_and_named_secrets_are_respected() {
     assert_eq!(sidecar.image.as_deref(), Some(IMAGE), "the operator's default image");
     let db = env(sidecar, "DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!((db.name.as_str(), db.key.as_str()), ("pg", "URL"));
-    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET")
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
     assert_eq!((secret.name.as_str(), secret.key.as_str()), ("shared-secret", "token"));
 }
 
@@ -131,14 +157,22 @@ fn service_pdb_and_network_policy() {
 
     let np = build::network_policy(&ac).spec.unwrap();
     let rules = np.ingress.unwrap();
-    let peer = rules.iter().find(|r| r.ports.as_ref().unwrap().iter().any(|p| p.port == Some(IntOrString::Int(8081)))).unwrap();
+    let peer = rules
+        .iter()
+        .find(|r| r.ports.as_ref().unwrap().iter().any(|p| p.port == Some(IntOrString::Int(8081))))
+        .unwrap();
     let from = peer.from.as_ref().expect("the peer port is restricted");
     let selector = from[0].pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
     assert_eq!(selector.get(CLUSTER_LABEL).map(String::as_str), Some("chat"), "only this cluster's pods");
     assert!(from[0].namespace_selector.is_none(), "and only from this namespace");
-    let open: Vec<_> = rules.iter().filter(|r| r.from.is_none()).flat_map(|r| r.ports.clone().unwrap()).collect();
+    let open: Vec<_> =
+        rules.iter().filter(|r| r.from.is_none()).flat_map(|r| r.ports.clone().unwrap()).collect();
     let open_ports: Vec<_> = open.iter().map(|p| p.port.clone().unwrap()).collect();
-    assert_eq!(open_ports, [IntOrString::Int(8080), IntOrString::Int(9090)], "public and admin only; the agent port is closed");
+    assert_eq!(
+        open_ports,
+        [IntOrString::Int(8080), IntOrString::Int(9090)],
+        "public and admin only; the agent port is closed"
+    );
 }
 
 #[test]
@@ -147,7 +181,8 @@ fn the_generated_cluster_secret_is_random_and_owned() {
     let (a, b) = (build::cluster_secret(&ac), build::cluster_secret(&ac));
     assert_eq!(a.metadata.name.as_deref(), Some("chat-cluster-secret"));
     assert!(a.metadata.owner_references.is_some());
-    let value = |s: &k8s_openapi::api::core::v1::Secret| s.string_data.as_ref().unwrap()["cluster-secret"].clone();
+    let value =
+        |s: &k8s_openapi::api::core::v1::Secret| s.string_data.as_ref().unwrap()["cluster-secret"].clone();
     assert_eq!(value(&a).len(), 64);
     assert_ne!(value(&a), value(&b));
 }
@@ -157,7 +192,9 @@ fn invalid_specs_report_every_problem() {
     let ac = fixture("invalid.yaml");
     let problems = validate(&ac.spec).unwrap_err();
     let all = problems.join("\n");
-    for expected in ["spec.replicas", "spec.agentPort", "drainTimeout", "reserved for the sidecar", "collides"] {
+    for expected in
+        ["spec.replicas", "spec.agentPort", "drainTimeout", "reserved for the sidecar", "collides"]
+    {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
     let mut hb = fixture("basic.yaml");

@@ -21,7 +21,8 @@ pub fn router(app: Arc<Sidecar>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/leases", get(leases))
-        .route("/drain", post(drain))
+        // GET too: a kubelet preStop httpGet hook can only GET (the drain is idempotent).
+        .route("/drain", post(drain).get(drain))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
         .with_state(app)

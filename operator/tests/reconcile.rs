@@ -1,0 +1,388 @@
+//! The apply/status path and the pod watcher against a mocked API server
+//! (`tower_test::mock::pair`), with the lease store on a real Postgres.
+
+use std::{
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    client::Body,
+    runtime::events::{Recorder, Reporter},
+    Client,
+};
+use leasehold_crds::AgentCluster;
+use leasehold_operator::{
+    build::TEMPLATE_HASH,
+    controller::{reconcile, Context},
+    metrics::Metrics,
+    pods::{self, Seen},
+    stores::Stores,
+};
+use leasehold_sidecar::{
+    key::SessionKey,
+    store::{Claim, LeaseStore, Owner},
+};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+
+/// One request the operator made.
+#[derive(Debug, Clone)]
+struct Call {
+    method: String,
+    path: String,
+    body: Value,
+}
+
+impl Call {
+    /// The path without the query.
+    fn route(&self) -> &str {
+        self.path.split('?').next().unwrap_or_default()
+    }
+}
+
+/// A fake API server: answers by route, records every call.
+#[derive(Clone)]
+struct FakeApi {
+    calls: Arc<Mutex<Vec<Call>>>,
+    cluster: Value,
+    database_url: String,
+    pods: Vec<Value>,
+    cluster_secret_exists: bool,
+}
+
+fn respond(status: u16, body: &Value) -> Response<Body> {
+    Response::builder().status(status).body(Body::from(body.to_string().into_bytes())).unwrap()
+}
+
+fn not_found() -> Value {
+    json!({"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"not found"})
+}
+
+impl FakeApi {
+    fn answer(&self, call: &Call) -> (u16, Value) {
+        let path = call.path.split('?').next().unwrap_or_default();
+        let method = call.method.as_str();
+        match (method, path) {
+            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => {
+                if self.cluster_secret_exists {
+                    (
+                        200,
+                        json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"}}),
+                    )
+                } else {
+                    (404, not_found())
+                }
+            }
+            ("POST", p) if p.ends_with("/secrets") => (201, call.body.clone()),
+            ("GET", p) if p.ends_with("/secrets/chat-db") => {
+                use base64::Engine;
+                let url = base64::engine::general_purpose::STANDARD.encode(&self.database_url);
+                (
+                    200,
+                    json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-db"},"data":{"DATABASE_URL": url}}),
+                )
+            }
+            ("PATCH", p) if p.contains("/deployments/") => {
+                let mut d = call.body.clone();
+                d["metadata"]["generation"] = json!(1);
+                d["status"] =
+                    json!({"replicas":3,"readyReplicas":2,"updatedReplicas":3,"observedGeneration":1});
+                (200, d)
+            }
+            ("PATCH", p) if p.ends_with("/status") => {
+                let mut ac = self.cluster.clone();
+                ac["status"] = call.body["status"].clone();
+                (200, ac)
+            }
+            ("PATCH", p) if p.contains("/pods/") => {
+                (200, json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}))
+            }
+            ("PATCH", _) => (200, call.body.clone()),
+            ("GET", p) if p.ends_with("/pods") => {
+                (200, json!({"apiVersion":"v1","kind":"PodList","metadata":{},"items": self.pods}))
+            }
+            ("GET", p) if p.contains("/agentclusters/") => (200, self.cluster.clone()),
+            ("POST", p) if p.contains("/events") => (201, call.body.clone()),
+            _ => (404, not_found()),
+        }
+    }
+
+    /// Serve the mock handle until the client is dropped.
+    fn spawn(self, mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) {
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect_bytes().await.unwrap_or_default();
+                let call = Call {
+                    method: parts.method.to_string(),
+                    path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
+                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                };
+                let (status, body) = self.answer(&call);
+                self.calls.lock().unwrap().push(call);
+                send.send_response(respond(status, &body));
+            }
+        });
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+async fn database() -> String {
+    let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make test`");
+    let name = format!("op_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(&admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+    let (base, query) = admin.split_once('?').unwrap_or((&admin, ""));
+    let url = format!("{}/{name}?{query}", base.rsplit_once('/').unwrap().0);
+    LeaseStore::connect(&url, 2).await.unwrap().migrate().await.unwrap();
+    url
+}
+
+fn pod(name: &str, extra: Value) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
+                      "labels": { "leasehold.dev/cluster": "chat" } },
+        "status": { "phase": "Running", "podIP": "127.0.0.1" }
+    });
+    json_merge(&mut pod, extra);
+    pod
+}
+
+fn json_merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                json_merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+fn context(fake: &FakeApi) -> Arc<Context> {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    fake.clone().spawn(handle);
+    let client = Client::new(service, "default");
+    Arc::new(Context {
+        client: client.clone(),
+        sidecar_image: "leasehold/sidecar:test".into(),
+        metrics: Arc::new(Metrics::default()),
+        stores: Stores::default(),
+        recorder: Recorder::new(client, Reporter { controller: "leasehold-operator".into(), instance: None }),
+        http: reqwest::Client::new(),
+    })
+}
+
+async fn live_leases(store: &LeaseStore, node: &str, n: usize) -> Owner {
+    let owner = Owner::new_boot(node);
+    store.register_boot(&owner, "127.0.0.1:1", Duration::from_secs(60)).await.unwrap();
+    for i in 0..n {
+        let key = SessionKey::parse(&format!("{node}-s{i}")).unwrap();
+        assert!(matches!(store.claim(&key, &owner).await.unwrap(), Claim::Claimed { .. }));
+    }
+    owner
+}
+
+fn fake(database_url: &str, pods: Vec<Value>) -> FakeApi {
+    FakeApi {
+        calls: Arc::default(),
+        cluster: fixture("basic.yaml"),
+        database_url: database_url.to_owned(),
+        pods,
+        cluster_secret_exists: false,
+    }
+}
+
+fn patches<'a>(calls: &'a [Call], kind: &str) -> Vec<&'a Call> {
+    calls.iter().filter(|c| c.method == "PATCH" && c.path.contains(kind)).collect()
+}
+
+#[tokio::test]
+async fn a_new_cluster_gets_every_child_and_a_status_from_postgres() {
+    let db = database().await;
+    let store = LeaseStore::connect(&db, 2).await.unwrap();
+    live_leases(&store, "chat-0", 2).await;
+    let fake = fake(&db, vec![pod("chat-0", json!({})), pod("chat-1", json!({}))]);
+    let ctx = context(&fake);
+    let ac: AgentCluster = serde_json::from_value(fake.cluster.clone()).unwrap();
+    reconcile(Arc::new(ac), ctx).await.unwrap();
+
+    let calls = fake.calls();
+    // The generated cluster secret is created once (it did not exist).
+    assert!(calls.iter().any(|c| c.method == "POST" && c.route().ends_with("/namespaces/team-a/secrets")));
+    for kind in ["/deployments/chat", "/services/chat", "/poddisruptionbudgets/chat", "/networkpolicies/chat"]
+    {
+        let applied = patches(&calls, kind);
+        assert_eq!(applied.len(), 1, "{kind} applied once");
+        assert!(applied[0].path.contains("fieldManager=leasehold-operator"), "{}", applied[0].path);
+        assert!(applied[0].path.contains("force=true"), "server-side apply, forced");
+    }
+    let status = &patches(&calls, "/agentclusters/chat/status")[0].body["status"];
+    assert_eq!(status["leases"], 2, "counted in Postgres");
+    assert_eq!((status["replicas"].clone(), status["readyReplicas"].clone()), (json!(3), json!(2)));
+    assert_eq!(status["observedGeneration"], 3);
+    let condition =
+        |t: &str| status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == t).unwrap().clone();
+    assert_eq!(condition("Available")["status"], "True");
+    assert_eq!(condition("Degraded")["status"], "False");
+    // pod-deletion-cost follows each pod's lease count.
+    let costs: Vec<(String, Value)> = patches(&calls, "/pods/")
+        .iter()
+        .map(|c| {
+            (
+                c.path.clone(),
+                c.body["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"].clone(),
+            )
+        })
+        .collect();
+    assert!(costs.iter().any(|(p, v)| p.contains("/pods/chat-0") && v == "2"), "{costs:?}");
+    assert!(costs.iter().any(|(p, v)| p.contains("/pods/chat-1") && v == "0"), "{costs:?}");
+}
+
+#[tokio::test]
+async fn a_spec_change_rolls_the_deployment() {
+    let db = database().await;
+    let hash_after = |fake: &FakeApi| {
+        let calls = fake.calls();
+        let d = &patches(&calls, "/deployments/chat")[0].body;
+        d["spec"]["template"]["metadata"]["annotations"][TEMPLATE_HASH].as_str().unwrap().to_owned()
+    };
+    let first = fake(&db, vec![]);
+    reconcile(Arc::new(serde_json::from_value(first.cluster.clone()).unwrap()), context(&first))
+        .await
+        .unwrap();
+    let mut second = fake(&db, vec![]);
+    second.cluster["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{"name":"MODEL","value":"next"}]);
+    second.cluster_secret_exists = true;
+    reconcile(Arc::new(serde_json::from_value(second.cluster.clone()).unwrap()), context(&second))
+        .await
+        .unwrap();
+    assert_ne!(hash_after(&first), hash_after(&second), "the new template is applied with a new hash");
+    let calls = second.calls();
+    let env =
+        &patches(&calls, "/deployments/chat")[0].body["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[0]["value"], "next");
+    assert!(
+        !second.calls().iter().any(|c| c.method == "POST" && c.route().ends_with("/secrets")),
+        "existing secret kept"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_degraded_and_touches_no_child() {
+    let db = database().await;
+    let mut fake = fake(&db, vec![]);
+    fake.cluster = fixture("invalid.yaml");
+    let ac: AgentCluster = serde_json::from_value(fake.cluster.clone()).unwrap();
+    reconcile(Arc::new(ac), context(&fake)).await.unwrap();
+    let calls = fake.calls();
+    let touched: Vec<_> = calls
+        .iter()
+        .filter(|c| c.method != "GET" && !c.path.contains("/events") && !c.route().ends_with("/status"))
+        .collect();
+    assert!(touched.is_empty(), "no child touched: {touched:?}");
+    let status = &patches(&calls, "/agentclusters/broken/status")[0].body["status"];
+    let degraded = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Degraded").unwrap();
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("InvalidSpec"))
+    );
+    assert!(degraded["message"].as_str().unwrap().contains("spec.replicas"));
+    assert!(calls.iter().any(|c| c.method == "POST" && c.path.contains("/events")), "a Warning event");
+}
+
+#[tokio::test]
+async fn a_terminating_pod_is_drained_through_its_admin_port() {
+    let db = database().await;
+    // The pod's sidecar: an admin port on a loopback address of its own.
+    let ip = Ipv4Addr::new(127, 88, (std::process::id() % 200) as u8, 9);
+    let drained = Arc::new(Mutex::new(Vec::new()));
+    let app = axum::Router::new().route(
+        "/drain",
+        axum::routing::post({
+            let drained = drained.clone();
+            move || async move {
+                drained.lock().unwrap().push("POST /drain");
+                axum::Json(json!({"handed_back":4,"in_flight_finished":1,"in_flight_stood_down":0}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind((ip, 9090)).await.unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let fake = fake(&db, vec![]);
+    let ctx = context(&fake);
+    let terminating: Pod = serde_json::from_value(pod(
+        "chat-0",
+        json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {"podIP": ip.to_string()}}),
+    ))
+    .unwrap();
+    let seen = Seen::default();
+    pods::handle(&ctx, &terminating, false, &seen).await;
+    pods::handle(&ctx, &terminating, false, &seen).await; // the same pod again: drained once
+    assert_eq!(*drained.lock().unwrap(), ["POST /drain"]);
+    assert!(fake
+        .calls()
+        .iter()
+        .any(|c| c.path.contains("/events") && c.body.to_string().contains("Drained")));
+}
+
+#[tokio::test]
+async fn a_deleted_or_failed_pod_has_its_leases_revoked_at_once() {
+    let db = database().await;
+    let store = LeaseStore::connect(&db, 2).await.unwrap();
+    live_leases(&store, "chat-1", 3).await;
+    live_leases(&store, "chat-2", 2).await;
+    let other = live_leases(&store, "chat-3", 1).await;
+    let fake = fake(&db, vec![]);
+    let ctx = context(&fake);
+    let seen = Seen::default();
+
+    let gone: Pod = serde_json::from_value(pod("chat-1", json!({}))).unwrap();
+    pods::handle(&ctx, &gone, true, &seen).await;
+    let failed: Pod = serde_json::from_value(pod("chat-2", json!({"status": {"phase": "Failed"}}))).unwrap();
+    pods::handle(&ctx, &failed, false, &seen).await;
+
+    let nodes = ["chat-1".to_owned(), "chat-2".to_owned(), "chat-3".to_owned()];
+    let counts = store.live_leases_by_node(&nodes).await.unwrap();
+    assert_eq!(counts.get("chat-1"), None, "revoked: claimable without waiting for the TTL");
+    assert_eq!(counts.get("chat-2"), None);
+    assert_eq!(counts.get("chat-3"), Some(&1), "other pods untouched");
+    let claim = store.claim(&SessionKey::parse("chat-1-s0").unwrap(), &other).await.unwrap();
+    assert!(matches!(claim, Claim::TookOver { .. }), "{claim:?}");
+    assert!(fake
+        .calls()
+        .iter()
+        .any(|c| c.path.contains("/events") && c.body.to_string().contains("LeasesRevoked")));
+}
+
+#[test]
+fn pod_events_map_to_the_right_actions_once() {
+    let seen = Seen::default();
+    let running: Pod = serde_json::from_value(pod("p", json!({}))).unwrap();
+    assert!(pods::decide(&running, false, &seen).is_empty());
+    let terminating: Pod =
+        serde_json::from_value(pod("p", json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}})))
+            .unwrap();
+    assert_eq!(
+        pods::decide(&terminating, false, &seen),
+        [pods::PodAction::Drain { url: "http://127.0.0.1:9090/drain".into() }]
+    );
+    assert!(pods::decide(&terminating, false, &seen).is_empty(), "once");
+    assert_eq!(pods::decide(&terminating, true, &seen), [pods::PodAction::Revoke]);
+    assert!(pods::decide(&terminating, true, &seen).is_empty(), "once");
+}

@@ -1,0 +1,480 @@
+#!/usr/bin/env bash
+# Lint and render the Helm chart charts/leasehold, then check what it renders:
+# the set of objects, the exact RBAC rules, the labels, the operator Deployment,
+# the --watch-namespace switch, the example AgentCluster against the CRD, and that
+# the values schema rejects bad values. Needs no cluster.
+# Ends with "N passed, M failed"; exits non-zero when anything failed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+chart_src="$root/charts/leasehold"
+release=leasehold
+namespace=leasehold-system
+# Lint and render for the oldest Kubernetes the chart supports (Chart.yaml kubeVersion).
+kube=(--kube-version 1.33.0)
+
+helm=$("$root/scripts/ensure-helm.sh")
+echo "helm: $helm ($("$helm" version --short))"
+
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  echo "installing PyYAML" >&2
+  python3 -m pip install -q pyyaml >&2
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Work on a copy, so that a placeholder CRD never lands in the repository.
+chart="$tmp/leasehold"
+cp -r "$chart_src" "$chart"
+if [ -f "$chart_src/crds/agentcluster.yaml" ]; then
+  crd_kind=real
+else
+  crd_kind=placeholder
+  echo "note: charts/leasehold/crds/agentcluster.yaml is missing; testing with a placeholder CRD in $tmp"
+  mkdir -p "$chart/crds"
+  cat >"$chart/crds/agentcluster.yaml" <<'EOF'
+# Placeholder written by scripts/test-chart.sh into a temporary copy of the chart.
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: agentclusters.leasehold.dev
+spec:
+  group: leasehold.dev
+  scope: Namespaced
+  names:
+    kind: AgentCluster
+    listKind: AgentClusterList
+    plural: agentclusters
+    singular: agentcluster
+    shortNames: [ac]
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      subresources:
+        status: {}
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+EOF
+fi
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "PASS $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL $*"; }
+
+# render NAME ARGS...: helm template into $tmp/NAME.yaml; a failure is a failed check.
+render() {
+  local name=$1
+  shift
+  if "$helm" template "$release" "$chart" --namespace "$namespace" "${kube[@]}" "$@" \
+    >"$tmp/$name.yaml" 2>"$tmp/$name.err"; then
+    pass "helm template ($name) $*"
+  else
+    fail "helm template ($name) $*: $(cat "$tmp/$name.err")"
+    : >"$tmp/$name.yaml"
+  fi
+}
+
+# expect_rejected ARGS...: helm template must fail, and because of the values schema.
+expect_rejected() {
+  if "$helm" template "$release" "$chart" --namespace "$namespace" "${kube[@]}" "$@" \
+    >/dev/null 2>"$tmp/rejected.err"; then
+    fail "schema rejects $*: helm template succeeded"
+  elif grep -qi schema "$tmp/rejected.err"; then
+    pass "schema rejects $*"
+  else
+    fail "schema rejects $*: failed, but not because of the schema: $(head -c 400 "$tmp/rejected.err")"
+  fi
+}
+
+# --- lint ---------------------------------------------------------------------
+if "$helm" lint --strict "$chart" "${kube[@]}" >"$tmp/lint.out" 2>&1; then
+  pass "helm lint --strict"
+else
+  fail "helm lint --strict:"
+  sed 's/^/    /' "$tmp/lint.out"
+fi
+if "$helm" lint --strict "$chart" "${kube[@]}" --set watchNamespace=team-a >"$tmp/lint.out" 2>&1; then
+  pass "helm lint --strict --set watchNamespace=team-a"
+else
+  fail "helm lint --strict --set watchNamespace=team-a:"
+  sed 's/^/    /' "$tmp/lint.out"
+fi
+
+# --- renderings the python checks read ----------------------------------------
+render default
+render watch --set watchNamespace=team-a
+render crds --include-crds
+render custom --set metrics.port=9090 --set metrics.service.enabled=false \
+  --set-string image.tag=1.2.3 --set-string sidecarImage.tag=4.5.6 --set logLevel=debug \
+  --set serviceAccount.create=false --set serviceAccount.name=existing-sa
+# NOTES.txt: helm renders it only on install, which needs a cluster even with
+# --dry-run=client. So a second copy of the chart wraps it in a named template and
+# renders it into a ConfigMap that helm template prints.
+notes_chart="$tmp/notes/leasehold"
+mkdir -p "$tmp/notes"
+cp -r "$chart" "$notes_chart"
+{
+  echo '{{- define "leasehold.test.notes" -}}'
+  cat "$chart/templates/NOTES.txt"
+  echo '{{- end }}'
+} >"$notes_chart/templates/_test_notes.tpl"
+cat >"$notes_chart/templates/test-notes.yaml" <<'EOF'
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: test-notes
+data:
+  NOTES.txt: {{ include "leasehold.test.notes" . | quote }}
+EOF
+for variant in notes notes-watch; do
+  extra=()
+  [ "$variant" = notes-watch ] && extra=(--set watchNamespace=team-a)
+  if "$helm" template "$release" "$notes_chart" --namespace "$namespace" "${kube[@]}" "${extra[@]}" \
+    --show-only templates/test-notes.yaml >"$tmp/$variant.yaml" 2>"$tmp/$variant.err"; then
+    pass "NOTES.txt renders ${extra[*]}"
+  else
+    fail "NOTES.txt renders ${extra[*]}: $(cat "$tmp/$variant.err")"
+    : >"$tmp/$variant.yaml"
+  fi
+done
+
+# --- values the schema must reject --------------------------------------------
+expect_rejected --set replicaCount=-1
+expect_rejected --set image.pullPolicy=Sometimes
+expect_rejected --set metrics.port=70000
+expect_rejected --set metrics.port=0
+expect_rejected --set bogus=1
+expect_rejected --set logLevel=verbose
+expect_rejected --set image.bogus=1
+expect_rejected --set sidecarImage.bogus=1
+expect_rejected --set metrics.bogus=1
+expect_rejected --set replicaCount=two
+
+# --- the rendered objects -------------------------------------------------------
+cat >"$tmp/verify.py" <<'PYEOF'
+"""Checks on the rendered chart. Prints one "PASS <what>" or "FAIL <what>: <why>" a line."""
+import sys
+
+import yaml
+
+tmp, chart, release, namespace, crd_kind = sys.argv[1:6]
+FULLNAME = "leasehold"  # release "leasehold" contains the chart name
+VERSION = "0.1.0"
+
+
+def load(name):
+    with open(f"{tmp}/{name}.yaml") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def check(what, ok, why=""):
+    print(f"PASS {what}" if ok else f"FAIL {what}: {why}")
+
+
+def by_kind(objs):
+    return {o["kind"]: o for o in objs}
+
+
+def rule_set(rules):
+    """Rules as a set, each rule order-insensitive inside (apiGroups, resources, verbs)."""
+    out = set()
+    for r in rules:
+        extra = set(r) - {"apiGroups", "resources", "verbs"}
+        out.add((frozenset(r.get("apiGroups", [])), frozenset(r.get("resources", [])),
+                 frozenset(r.get("verbs", [])), frozenset(extra)))
+    return out
+
+
+def rule(groups, resources, verbs):
+    return (frozenset(groups), frozenset(resources), frozenset(verbs), frozenset())
+
+
+def show(rules):
+    """Rules from rule_set, legibly, for failure messages."""
+    return "; ".join(
+        f"apiGroups={sorted(g)} resources={sorted(r)} verbs={sorted(v)}"
+        + (f" other fields={sorted(x)}" if x else "")
+        for g, r, v, x in sorted(rules, key=lambda t: (sorted(t[0]), sorted(t[1])))) or "none"
+
+
+READ_CREATE_PATCH = ["get", "list", "watch", "create", "patch"]
+CLUSTER_RULES = {
+    rule(["leasehold.dev"], ["agentclusters"], ["get", "list", "watch"]),
+    rule(["leasehold.dev"], ["agentclusters/status"], ["get", "patch"]),
+    rule(["leasehold.dev"], ["agentclusters/finalizers"], ["update"]),
+    rule(["apps"], ["deployments"], READ_CREATE_PATCH),
+    rule([""], ["services"], READ_CREATE_PATCH),
+    rule(["policy"], ["poddisruptionbudgets"], READ_CREATE_PATCH),
+    rule(["networking.k8s.io"], ["networkpolicies"], READ_CREATE_PATCH),
+    rule([""], ["secrets"], READ_CREATE_PATCH),
+    rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+    rule(["events.k8s.io"], ["events"], ["create", "patch"]),
+}
+ROLE_RULES = {rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])}
+
+SELECTOR = {
+    "app.kubernetes.io/name": "leasehold",
+    "app.kubernetes.io/instance": release,
+    "app.kubernetes.io/component": "operator",
+}
+LABELS = dict(SELECTOR, **{
+    "app.kubernetes.io/version": VERSION,
+    "app.kubernetes.io/managed-by": "Helm",
+    "helm.sh/chart": f"leasehold-{VERSION}",
+})
+CONTAINER_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"}
+
+
+def operator_container(objs):
+    pod = by_kind(objs)["Deployment"]["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "operator")
+
+
+def expected_args(port=8080, sidecar=f"leasehold/sidecar:{VERSION}", level="info"):
+    return ["--metrics-listen", f"0.0.0.0:{port}", "--sidecar-image", sidecar,
+            "--log-level", level]
+
+
+default = load("default")
+objs = by_kind(default)
+
+# The set of objects.
+kinds = sorted(o["kind"] for o in default)
+want = sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+               "Deployment", "Service"])
+check("default rendering is exactly ServiceAccount, ClusterRole, ClusterRoleBinding, Role, "
+      "RoleBinding, Deployment, Service", kinds == want, f"got {kinds}")
+
+# Labels and namespaces.
+for o in default:
+    labels = o["metadata"].get("labels", {})
+    missing = {k: v for k, v in LABELS.items() if labels.get(k) != v}
+    check(f"{o['kind']} carries the standard labels", not missing,
+          f"wrong or missing {missing}; has {labels}")
+    if o["kind"] in NAMESPACED:
+        check(f"{o['kind']} is in the release namespace",
+              o["metadata"].get("namespace") == namespace, o["metadata"].get("namespace"))
+
+# RBAC.
+cr, role = objs.get("ClusterRole", {}), objs.get("Role", {})
+got = rule_set(cr.get("rules", []))
+check("ClusterRole rules are exactly the operator's", got == CLUSTER_RULES and
+      len(cr.get("rules", [])) == len(CLUSTER_RULES),
+      f"extra: {show(got - CLUSTER_RULES)} | missing: {show(CLUSTER_RULES - got)}")
+got = rule_set(role.get("rules", []))
+check("Role rules are exactly leader election's", got == ROLE_RULES and
+      len(role.get("rules", [])) == len(ROLE_RULES),
+      f"extra: {show(got - ROLE_RULES)} | missing: {show(ROLE_RULES - got)}")
+sa = objs["ServiceAccount"]["metadata"]["name"]
+for kind, ref in [("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")]:
+    b = objs[kind]
+    check(f"{kind} binds the {ref} to the operator ServiceAccount",
+          b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": ref,
+                           "name": objs[ref]["metadata"]["name"]}
+          and b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
+          f"roleRef {b['roleRef']}, subjects {b['subjects']}")
+
+# The operator Deployment.
+dep = objs["Deployment"]
+spec = dep["spec"]
+pod = spec["template"]["spec"]
+c = operator_container(default)
+check("Deployment runs 2 replicas by default", spec.get("replicas") == 2, spec.get("replicas"))
+check("Deployment selector is the selector labels only",
+      spec["selector"] == {"matchLabels": SELECTOR}, spec["selector"])
+tlabels = spec["template"]["metadata"]["labels"]
+check("pod template carries the standard labels",
+      all(tlabels.get(k) == v for k, v in LABELS.items()), tlabels)
+check("pod uses the operator ServiceAccount", pod.get("serviceAccountName") == sa,
+      pod.get("serviceAccountName"))
+check("pod automounts the ServiceAccount token", pod.get("automountServiceAccountToken") is True,
+      pod.get("automountServiceAccountToken"))
+check("pod terminationGracePeriodSeconds is 30", pod.get("terminationGracePeriodSeconds") == 30,
+      pod.get("terminationGracePeriodSeconds"))
+check("pod securityContext is runAsNonRoot, fsGroup 65532",
+      pod.get("securityContext") == {"runAsNonRoot": True, "fsGroup": 65532},
+      pod.get("securityContext"))
+check("one container, named operator", [x["name"] for x in pod["containers"]] == ["operator"],
+      [x["name"] for x in pod["containers"]])
+check("operator image defaults to leasehold/operator:<appVersion>",
+      c["image"] == f"leasehold/operator:{VERSION}" and c.get("imagePullPolicy") == "IfNotPresent",
+      f"{c['image']} {c.get('imagePullPolicy')}")
+check("operator args are metrics-listen, sidecar-image, log-level",
+      c["args"] == expected_args(), c["args"])
+check("--watch-namespace is absent by default", "--watch-namespace" not in c["args"], c["args"])
+env = {e["name"]: e for e in c.get("env", [])}
+for name, field in [("POD_NAMESPACE", "metadata.namespace"), ("POD_NAME", "metadata.name")]:
+    check(f"env {name} comes from {field}",
+          env.get(name, {}).get("valueFrom") == {"fieldRef": {"fieldPath": field}}, env.get(name))
+check("container port metrics is 8080",
+      c.get("ports") == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}],
+      c.get("ports"))
+for probe in ("readinessProbe", "livenessProbe"):
+    check(f"{probe} is GET /healthz on port metrics",
+          c.get(probe, {}).get("httpGet") == {"path": "/healthz", "port": "metrics"}, c.get(probe))
+check("container securityContext is locked down", c.get("securityContext") == CONTAINER_SECURITY,
+      c.get("securityContext"))
+check("container resources are the defaults",
+      c.get("resources") == {"requests": {"cpu": "50m", "memory": "64Mi"},
+                             "limits": {"memory": "256Mi"}}, c.get("resources"))
+
+# The metrics Service.
+svc = objs["Service"]["spec"]
+check("Service selects the operator pods by the selector labels", svc.get("selector") == SELECTOR,
+      svc.get("selector"))
+check("Service exposes port metrics 8080 -> metrics",
+      svc.get("ports") == [{"name": "metrics", "port": 8080, "targetPort": "metrics",
+                            "protocol": "TCP"}], svc.get("ports"))
+
+# --watch-namespace only when set.
+watch = load("watch")
+if watch:
+    args = operator_container(watch)["args"]
+    check("--set watchNamespace=team-a appends --watch-namespace team-a",
+          args == expected_args() + ["--watch-namespace", "team-a"], args)
+    check("watchNamespace leaves the objects unchanged otherwise",
+          sorted(o["kind"] for o in watch) == want, sorted(o["kind"] for o in watch))
+
+# Overridden values reach the objects.
+custom = load("custom")
+if custom:
+    cobjs = by_kind(custom)
+    kinds = sorted(cobjs)
+    check("metrics.service.enabled=false and serviceAccount.create=false drop Service and "
+          "ServiceAccount", "Service" not in cobjs and "ServiceAccount" not in cobjs, kinds)
+    cc = operator_container(custom)
+    check("overrides reach the operator container",
+          cc["image"] == "leasehold/operator:1.2.3"
+          and cc["args"] == expected_args(9090, "leasehold/sidecar:4.5.6", "debug")
+          and cc["ports"][0]["containerPort"] == 9090, f"{cc['image']} {cc['args']}")
+    cpod = cobjs["Deployment"]["spec"]["template"]["spec"]
+    subjects = cobjs["ClusterRoleBinding"]["subjects"] + cobjs["RoleBinding"]["subjects"]
+    check("serviceAccount.name is used by the pod and both bindings",
+          cpod["serviceAccountName"] == "existing-sa"
+          and all(s["name"] == "existing-sa" for s in subjects), subjects)
+
+# NOTES.txt.
+def notes(name):
+    docs = load(name)
+    return docs[0]["data"]["NOTES.txt"] if docs else ""
+
+
+text = notes("notes")
+for needle in ("create secret generic leasehold-db", "DATABASE_URL=",
+               "apply -f charts/leasehold/examples/agentcluster.yaml", "get ac"):
+    check(f"NOTES.txt tells {needle!r}", needle in text, f"not in:\n{text}")
+check("NOTES.txt creates the Secret before applying the example, then gets ac",
+      0 <= text.find("create secret") < text.find("apply -f") < text.find("get ac"), text)
+text = notes("notes-watch")
+check("with watchNamespace=team-a, NOTES.txt works in namespace team-a",
+      "-n team-a create secret" in text and "-n team-a apply -f" in text
+      and "-n team-a get ac" in text, text)
+
+# The CRD (generated by crdgen, or the placeholder) and the example against it.
+crds = [o for o in load("crds") if o["kind"] == "CustomResourceDefinition"]
+check(f"--include-crds adds exactly one CRD ({crd_kind})", len(crds) == 1, len(crds))
+crd = crds[0] if crds else {"metadata": {}, "spec": {"names": {}, "versions": []}}
+names = crd["spec"].get("names", {})
+check(f"CRD ({crd_kind}) is agentclusters.leasehold.dev, kind AgentCluster, short name ac",
+      crd["metadata"].get("name") == "agentclusters.leasehold.dev"
+      and crd["spec"].get("group") == "leasehold.dev" and names.get("kind") == "AgentCluster"
+      and "ac" in names.get("shortNames", []) and crd["spec"].get("scope") == "Namespaced",
+      f"{crd['metadata'].get('name')} {crd['spec'].get('group')} {names}")
+version = next((v for v in crd["spec"].get("versions", []) if v.get("name") == "v1alpha1"), {})
+check(f"CRD ({crd_kind}) serves v1alpha1 with a status subresource",
+      version.get("served") is True and "status" in version.get("subresources", {}),
+      {k: version.get(k) for k in ("served", "storage", "subresources")})
+
+
+def conform(value, schema, path, errors):
+    """Structural check of value against a CRD openAPIV3Schema: types, required fields,
+    enums, and no unknown fields (the API server would prune them)."""
+    if schema.get("x-kubernetes-int-or-string"):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            errors.append(f"{path}: want int or string, got {value!r}")
+        return
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    kind = schema.get("type") or ("object" if "properties" in schema else None)
+    if value is None:
+        if not schema.get("nullable"):
+            errors.append(f"{path}: null")
+    elif kind == "object":
+        if not isinstance(value, dict):
+            errors.append(f"{path}: want object, got {value!r}")
+            return
+        props = schema.get("properties", {})
+        for r in schema.get("required", []):
+            if r not in value:
+                errors.append(f"{path}.{r}: required")
+        extra = schema.get("additionalProperties")
+        for k, v in value.items():
+            if k in props:
+                conform(v, props[k], f"{path}.{k}", errors)
+            elif isinstance(extra, dict):
+                conform(v, extra, f"{path}.{k}", errors)
+            elif not (extra is True or schema.get("x-kubernetes-preserve-unknown-fields")
+                      or (path.endswith(".metadata") and not props)):
+                errors.append(f"{path}.{k}: unknown field")
+    elif kind == "array":
+        if not isinstance(value, list):
+            errors.append(f"{path}: want array, got {value!r}")
+            return
+        for i, item in enumerate(value):
+            conform(item, schema.get("items", {}), f"{path}[{i}]", errors)
+    elif kind == "string" and not isinstance(value, str):
+        errors.append(f"{path}: want string, got {value!r}")
+    elif kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+        errors.append(f"{path}: want integer, got {value!r}")
+    elif kind == "number" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        errors.append(f"{path}: want number, got {value!r}")
+    elif kind == "boolean" and not isinstance(value, bool):
+        errors.append(f"{path}: want boolean, got {value!r}")
+
+
+with open(f"{chart}/examples/agentcluster.yaml") as f:
+    example = [d for d in yaml.safe_load_all(f) if d]
+check("examples/agentcluster.yaml is one AgentCluster leasehold.dev/v1alpha1 named demo",
+      len(example) == 1 and example[0].get("apiVersion") == "leasehold.dev/v1alpha1"
+      and example[0].get("kind") == "AgentCluster"
+      and example[0].get("metadata", {}).get("name") == "demo",
+      [(d.get("apiVersion"), d.get("kind")) for d in example])
+if example:
+    schema = version.get("schema", {}).get("openAPIV3Schema", {})
+    body = {k: v for k, v in example[0].items() if k not in ("apiVersion", "kind", "metadata")}
+    errors = []
+    conform(body, schema, "AgentCluster", errors)
+    check(f"examples/agentcluster.yaml conforms to the CRD schema ({crd_kind})", not errors,
+          "; ".join(errors))
+PYEOF
+
+if python3 "$tmp/verify.py" "$tmp" "$chart" "$release" "$namespace" "$crd_kind" >"$tmp/verify.out" 2>&1; then
+  rc=0
+else
+  rc=$?
+fi
+while IFS= read -r line; do
+  case $line in
+    "PASS "*) pass "${line#PASS }" ;;
+    "FAIL "*) fail "${line#FAIL }" ;;
+    *) echo "$line" ;;
+  esac
+done <"$tmp/verify.out"
+[ "$rc" -eq 0 ] || fail "verify.py crashed (exit $rc); see the output above"
+
+[ "$failed" -eq 0 ] || echo "test-chart: $failed check(s) failed: see the lines starting with FAIL above"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
