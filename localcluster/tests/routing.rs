@@ -175,3 +175,27 @@ async fn raw_request(ip: std::net::Ipv4Addr, request: &str) -> String {
     let n = stream.read(&mut buf).await.unwrap_or(0);
     String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_cut_off_and_others_are_served_meanwhile() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = support::database().await;
+    let cluster =
+        Cluster::start(&db, ClusterOptions { nodes: 1, ..ClusterOptions::default() }).await.unwrap();
+    let node = &cluster.nodes[0];
+    // Half a request head, then silence (slowloris).
+    let mut slow =
+        tokio::net::TcpStream::connect((node.ip, localcluster::cluster::PUBLIC_PORT)).await.unwrap();
+    slow.write_all(b"POST /v1/sessions/slow/turns HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let ok = cluster.client().turn("meanwhile", &json!({ "text": "fine" })).await.unwrap();
+    assert_eq!(ok.status, 200, "other clients are served while the slow one dawdles");
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(30), slow.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the server closed the connection");
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(5),
+        "cut by the header timeout, not at once: {waited:?}"
+    );
+}

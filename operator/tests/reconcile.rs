@@ -386,3 +386,93 @@ fn pod_events_map_to_the_right_actions_once() {
     assert_eq!(pods::decide(&terminating, true, &seen), [pods::PodAction::Revoke]);
     assert!(pods::decide(&terminating, true, &seen).is_empty(), "once");
 }
+
+/// A fake `coordination.k8s.io` Lease endpoint with resourceVersion compare-and-swap.
+fn spawn_lease_api(
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    lease: Arc<Mutex<Option<Value>>>,
+) {
+    tokio::spawn(async move {
+        while let Some((request, send)) = handle.next_request().await {
+            let (parts, body) = request.into_parts();
+            let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap_or_default())
+                .unwrap_or(Value::Null);
+            let mut stored = lease.lock().unwrap();
+            let conflict = json!({"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409,"message":"conflict"});
+            let (status, answer) = match parts.method.as_str() {
+                "GET" => match stored.as_ref() {
+                    Some(l) => (200, l.clone()),
+                    None => (404, not_found()),
+                },
+                "POST" if stored.is_some() => (409, conflict),
+                "POST" | "PUT" => {
+                    let current = stored.as_ref().map(|l| l["metadata"]["resourceVersion"].clone());
+                    if parts.method == "PUT" && current.as_ref() != Some(&body["metadata"]["resourceVersion"])
+                    {
+                        (409, conflict)
+                    } else {
+                        let version = current.and_then(|v| v.as_str()?.parse::<u64>().ok()).unwrap_or(0) + 1;
+                        let mut next = body.clone();
+                        next["metadata"]["resourceVersion"] = json!(version.to_string());
+                        *stored = Some(next.clone());
+                        (200, next)
+                    }
+                }
+                _ => (404, not_found()),
+            };
+            send.send_response(respond(status, &answer));
+        }
+    });
+}
+
+#[tokio::test]
+async fn only_one_of_two_operator_replicas_leads_until_the_lease_lapses() {
+    use leasehold_operator::leader::LeaderElection;
+    let lease = Arc::new(Mutex::new(None));
+    let candidate = |identity: &str| {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        spawn_lease_api(handle, lease.clone());
+        LeaderElection {
+            api: kube::Api::namespaced(Client::new(service, "default"), "leasehold-system"),
+            name: "leasehold-operator".into(),
+            identity: identity.into(),
+        }
+    };
+    let (a, b) = (candidate("operator-a"), candidate("operator-b"));
+    assert!(a.try_acquire_or_renew().await.unwrap(), "a creates the lease and leads");
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "b must not lead while a's lease is fresh");
+    assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
+    assert!(!b.try_acquire_or_renew().await.unwrap());
+    // a stops renewing (crash): once its renewTime is older than the duration, b takes over.
+    {
+        let mut stored = lease.lock().unwrap();
+        let l = stored.as_mut().unwrap();
+        l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
+    }
+    assert!(b.try_acquire_or_renew().await.unwrap(), "b takes the lapsed lease");
+    let stored = lease.lock().unwrap().clone().unwrap();
+    assert_eq!(stored["spec"]["holderIdentity"], "operator-b");
+    assert_eq!(stored["spec"]["leaseTransitions"], 1);
+    drop(stored);
+    assert!(!a.try_acquire_or_renew().await.unwrap(), "a, back, does not lead any more");
+}
+
+#[test]
+fn operator_metrics_name_what_it_does() {
+    let metrics = Metrics::default();
+    metrics.reconcile();
+    metrics.error("kube");
+    metrics.drain("ok");
+    metrics.revoked(3);
+    metrics.leases("team-a", "chat", 7);
+    let text = metrics.encode();
+    for line in [
+        "leasehold_operator_reconciles_total 1",
+        "leasehold_operator_errors_total{error=\"kube\"} 1",
+        "leasehold_operator_drains_total{outcome=\"ok\"} 1",
+        "leasehold_operator_revocations_total 3",
+        "leasehold_operator_leases{namespace=\"team-a\",cluster=\"chat\"} 7",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}
