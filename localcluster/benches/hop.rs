@@ -14,7 +14,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{routing::post, Json, Router};
 use localcluster::{cluster::PUBLIC_PORT, Cluster, ClusterOptions, Proc};
 use sqlx::{Connection, PgConnection};
 
@@ -23,15 +22,6 @@ const ROUND: Duration = Duration::from_secs(3);
 const ROUNDS: usize = 3;
 const NGINX_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 31);
 const SESSION: &str = "bench-session";
-
-/// The trivial agent: answers every turn at once.
-async fn trivial_agent() {
-    let listen = std::env::args().skip_while(|a| a != "--listen").nth(1).expect("--listen");
-    let app = Router::new()
-        .route("/sessions/{key}/turns", post(|| async { Json(serde_json::json!({ "ok": true })) }));
-    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
-    axum::serve(listener, app).await.unwrap();
-}
 
 struct Stats {
     p50: Duration,
@@ -110,17 +100,16 @@ async fn transactions(url: &str) -> i64 {
 
 #[tokio::main]
 async fn main() {
-    if std::env::var("LEASEHOLD_BENCH_ROLE").as_deref() == Ok("trivial-agent") {
-        return trivial_agent().await;
+    if localcluster::trivial_agent::serve_if_requested().await {
+        return;
     }
     let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
     let db = localcluster::postgres::fresh_database(&admin).await.unwrap();
-    let me = std::env::current_exe().unwrap();
     let options = ClusterOptions {
         nodes: 2,
         lease_ttl: Duration::from_secs(15),
         heartbeat: Duration::from_secs(5),
-        agent_command: Some((me, vec![("LEASEHOLD_BENCH_ROLE".into(), "trivial-agent".into())])),
+        agent_command: Some(localcluster::trivial_agent::command()),
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start(&db, options).await.unwrap();

@@ -10,7 +10,6 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::{routing::post, Json, Router};
 use futures_util::StreamExt;
 use leasehold_sidecar::{
     key::SessionKey,
@@ -26,14 +25,6 @@ const PACE: Duration = Duration::from_millis(20);
 
 fn micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
-}
-
-/// The trivial agent: answers every turn at once (claims happen in the sidecar).
-async fn trivial_agent() {
-    let listen = std::env::args().skip_while(|a| a != "--listen").nth(1).expect("--listen");
-    let app = Router::new().route("/sessions/{key}/turns", post(|| async { Json(json!({ "ok": true })) }));
-    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
-    axum::serve(listener, app).await.unwrap();
 }
 
 /// Open `per_key` observers of each key at `base`; each reports (latency µs) per event received.
@@ -120,7 +111,7 @@ async fn claim_all(cluster: &Cluster, keys: &[String]) {
         .await;
 }
 
-async fn latency(db: &str, me: &std::path::Path) {
+async fn latency(db: &str) {
     println!("## Publish → observer latency (one event every {PACE:?}: an LLM's token rate)\n");
     println!("| scenario | observers on | p50 ms | p99 ms | deliveries |");
     println!("|---|---|---|---|---|");
@@ -132,7 +123,7 @@ async fn latency(db: &str, me: &std::path::Path) {
     ];
     for (sc, (name, sessions, per_key, events)) in scenarios.into_iter().enumerate() {
         for (observe_on, place) in [(1, "non-owner node (remote)"), (0, "owner node (baseline)")] {
-            let cluster = Cluster::start(db, bench_options(me)).await.unwrap();
+            let cluster = Cluster::start(db, bench_options()).await.unwrap();
             let keys: Vec<String> = (0..sessions).map(|i| format!("obs-{sc}-{observe_on}-{i}")).collect();
             claim_all(&cluster, &keys).await;
             let (p50, p99, n) =
@@ -144,8 +135,8 @@ async fn latency(db: &str, me: &std::path::Path) {
 }
 
 /// As fast as the publisher can go, with 100 remote observers: deliveries per second.
-async fn fan_out(db: &str, me: &std::path::Path) {
-    let cluster = Cluster::start(db, bench_options(me)).await.unwrap();
+async fn fan_out(db: &str) {
+    let cluster = Cluster::start(db, bench_options()).await.unwrap();
     let key = vec!["fan".to_owned()];
     claim_all(&cluster, &key).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -182,23 +173,16 @@ async fn fan_out(db: &str, me: &std::path::Path) {
     );
 }
 
-async fn drain(db: &str, me: &std::path::Path) {
+async fn drain(db: &str) {
     println!("## Drain\n");
     println!("| leases held | POST /drain wall ms | hand_back_all statement ms | one release per lease ms | ratio |");
     println!("|---|---|---|---|---|");
     for n in [1_000usize, 10_000] {
-        let cluster = Cluster::start(db, bench_options(me)).await.unwrap();
+        let cluster = Cluster::start(db, bench_options()).await.unwrap();
         let keys: Vec<String> = (0..n).map(|i| format!("d{n}-{i}")).collect();
         claim_all(&cluster, &keys).await;
         let started = Instant::now();
-        let report: serde_json::Value = reqwest::Client::new()
-            .post(format!("{}/drain", cluster.nodes[0].admin_url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let report = cluster.nodes[0].drain(false).await;
         let wall = started.elapsed();
         assert_eq!(report["handed_back"], n);
         // The statement alone, and the per-lease baseline, on a boot of our own.
@@ -238,33 +222,32 @@ async fn drain(db: &str, me: &std::path::Path) {
     println!();
 }
 
-fn bench_options(me: &std::path::Path) -> ClusterOptions {
+fn bench_options() -> ClusterOptions {
     ClusterOptions {
         nodes: 2,
         lease_ttl: Duration::from_secs(15),
         heartbeat: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
-        agent_command: Some((me.to_owned(), vec![("LEASEHOLD_BENCH_ROLE".into(), "trivial-agent".into())])),
+        agent_command: Some(localcluster::trivial_agent::command()),
         ..ClusterOptions::default()
     }
 }
 
 #[tokio::main]
 async fn main() {
-    if std::env::var("LEASEHOLD_BENCH_ROLE").as_deref() == Ok("trivial-agent") {
-        return trivial_agent().await;
+    if localcluster::trivial_agent::serve_if_requested().await {
+        return;
     }
     let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
     let db = localcluster::postgres::fresh_database(&admin).await.unwrap();
-    let me = std::env::current_exe().unwrap();
     let only = std::env::var("LEASEHOLD_BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "latency" {
-        latency(&db, &me).await;
+        latency(&db).await;
     }
     if only.is_empty() || only == "fan-out" {
-        fan_out(&db, &me).await;
+        fan_out(&db).await;
     }
     if only.is_empty() || only == "drain" {
-        drain(&db, &me).await;
+        drain(&db).await;
     }
 }

@@ -159,6 +159,16 @@ impl Node {
         }
     }
 
+    /// `POST /drain` on the admin port (`GET` when `get`: the kubelet hook's way); the report.
+    pub async fn drain(&self, get: bool) -> serde_json::Value {
+        let http = reqwest::Client::new();
+        let url = format!("{}/drain", self.admin_url());
+        let request = if get { http.get(url) } else { http.post(url) };
+        let response = request.send().await.expect("admin port reachable");
+        assert!(response.status().is_success(), "drain of {} failed: {}", self.name, response.status());
+        response.json().await.expect("drain report is JSON")
+    }
+
     /// A Prometheus counter or gauge from `/metrics` (sum over label sets matching `filter`).
     pub async fn metric(&self, name: &str, filter: &str) -> f64 {
         let text = reqwest::get(format!("{}/metrics", self.admin_url()))

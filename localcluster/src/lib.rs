@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod observer;
 pub mod postgres;
 pub mod process;
+pub mod trivial_agent;
 
 pub use cluster::{Cluster, ClusterOptions, Node};
 pub use observer::Observer;

@@ -77,14 +77,7 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let in_flight_before = cluster.nodes[0].metric("leasehold_in_flight_turns", "").await;
     let drained_at = Instant::now();
-    let report: serde_json::Value = reqwest::Client::new()
-        .post(format!("{}/drain", cluster.nodes[0].admin_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report = cluster.nodes[0].drain(false).await;
     let drain_took = drained_at.elapsed();
     assert!(report["handed_back"].as_u64().unwrap() >= 1, "{report}");
     assert_eq!(report["in_flight_stood_down"], 0, "every in-flight turn finished: {report}");
@@ -158,24 +151,10 @@ async fn sigterm_drains_first_and_sigterm_after_a_drain_exits_at_once() {
 
     // A drain first, then SIGTERM: exits within a second.
     client.post("/v1/sessions/t-3/turns", json!({"text": "x"}).to_string().into(), Some(1)).await.unwrap();
-    let report: serde_json::Value = reqwest::Client::new()
-        .post(format!("{}/drain", cluster.nodes[1].admin_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report = cluster.nodes[1].drain(false).await;
     assert_eq!(report["handed_back"], 1);
     // The kubelet's preStop hook can only GET: the same idempotent drain.
-    let again: serde_json::Value = reqwest::Client::new()
-        .get(format!("{}/drain", cluster.nodes[1].admin_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let again = cluster.nodes[1].drain(true).await;
     assert_eq!(again, report, "drain is idempotent");
     let started = Instant::now();
     let status = cluster.nodes[1].sidecar.terminate(Duration::from_secs(5)).expect("exited");
