@@ -201,17 +201,17 @@ def show(rules):
         for g, r, v, x in sorted(rules, key=lambda t: (sorted(t[0]), sorted(t[1])))) or "none"
 
 
-READ_CREATE_PATCH = ["get", "list", "watch", "create", "patch"]
+READ_CREATE_PATCH = ["list", "watch", "create", "patch"]
 CLUSTER_RULES = {
     rule(["leasehold.dev"], ["agentclusters"], ["get", "list", "watch"]),
-    rule(["leasehold.dev"], ["agentclusters/status"], ["get", "patch"]),
+    rule(["leasehold.dev"], ["agentclusters/status"], ["patch"]),
     rule(["leasehold.dev"], ["agentclusters/finalizers"], ["update"]),
     rule(["apps"], ["deployments"], READ_CREATE_PATCH),
     rule([""], ["services"], READ_CREATE_PATCH),
     rule(["policy"], ["poddisruptionbudgets"], READ_CREATE_PATCH),
     rule(["networking.k8s.io"], ["networkpolicies"], READ_CREATE_PATCH),
-    rule([""], ["secrets"], READ_CREATE_PATCH),
-    rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+    rule([""], ["secrets"], ["get", "create"]),
+    rule([""], ["pods"], ["list", "watch", "patch"]),
     rule(["events.k8s.io"], ["events"], ["create", "patch"]),
 }
 ROLE_RULES = {rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])}

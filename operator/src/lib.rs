@@ -8,6 +8,7 @@ pub mod error;
 pub mod leader;
 pub mod metrics;
 pub mod pods;
+pub mod rbac;
 pub mod run;
 pub mod stores;
 pub mod validate;
