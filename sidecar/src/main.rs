@@ -14,9 +14,9 @@ fn main() -> ExitCode {
     };
     runtime::init_tracing();
     let result = match cli.command {
-        Some(Command::Migrate(args)) => runtime::block_on(runtime::migrate(&args.database_url)),
+        Some(Command::Migrate(args)) => runtime::block_on(1, runtime::migrate(&args.database_url)),
         None => match cli.run.resolve(|name| std::env::var(name).ok()) {
-            Ok(config) => runtime::block_on(runtime::serve(config)),
+            Ok(config) => runtime::block_on(usize::from(config.args.worker_threads), runtime::serve(config)),
             Err(e) => return runtime::fail(&format!("error: {e}")),
         },
     };

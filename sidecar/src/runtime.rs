@@ -39,12 +39,20 @@ pub fn one_line(rendered: &str) -> String {
     paragraph.join(" ")
 }
 
-pub fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?
-        .block_on(fut)
+/// Run `fut` on `threads` runtime threads. One thread (the default, as service-mesh
+/// proxies do) avoids cross-thread wake-ups, which dominate a proxy's cost on small pods.
+pub fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(
+    threads: usize,
+    fut: F,
+) -> anyhow::Result<()> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder.enable_all().build().context("starting the tokio runtime")?.block_on(fut)
 }
 
 /// `leasehold-sidecar migrate`: apply the schema and exit.

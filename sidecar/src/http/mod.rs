@@ -15,6 +15,8 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
+use futures_util::StreamExt;
+
 use crate::key::SessionKey;
 
 /// A request refused before it reached the domain: bad input, with a JSON body.
@@ -53,16 +55,36 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
+        discard(body.into_data_stream(), limit.saturating_mul(DISCARD_FACTOR)).await;
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let source = std::error::Error::source(&e);
-        if source.is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
-            too_large()
-        } else {
-            BadRequest::new(StatusCode::BAD_REQUEST, "body_read_failed", e.to_string())
+    let mut stream = body.into_data_stream();
+    let mut read = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| BadRequest::new(StatusCode::BAD_REQUEST, "body_read_failed", e.to_string()))?;
+        if read.len() + chunk.len() > limit {
+            discard(stream, limit.saturating_mul(DISCARD_FACTOR)).await;
+            return Err(too_large());
         }
-    })
+        read.extend_from_slice(&chunk);
+    }
+    Ok(read.freeze())
+}
+
+/// An oversized body is read and dropped, up to this many times the limit, before the
+/// `413` goes out: a client still sending would otherwise see a reset instead of the
+/// answer. Beyond that the connection is simply closed.
+const DISCARD_FACTOR: usize = 8;
+
+async fn discard(mut stream: axum::body::BodyDataStream, cap: usize) {
+    let mut seen = 0usize;
+    while let Some(Ok(chunk)) = stream.next().await {
+        seen += chunk.len();
+        if seen > cap {
+            break;
+        }
+    }
 }
 
 /// `404` for unknown routes, with a JSON body like every other error.
