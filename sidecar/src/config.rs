@@ -104,9 +104,9 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
 
-    /// Runtime threads. 1 keeps the whole sidecar on one core, like a service-mesh proxy;
-    /// raise it for pods that forward or stream a lot.
-    #[arg(long, env = "LEASEHOLD_WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    /// Runtime threads; 0 = one per core. 1 keeps the sidecar on one core (lowest hop
+    /// latency) but caps stream fan-out to what one core can write (see BENCHMARKS.md).
+    #[arg(long, env = "LEASEHOLD_WORKER_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
     pub worker_threads: u16,
 
     /// Apply migrations at start.

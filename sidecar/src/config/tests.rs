@@ -30,7 +30,7 @@ fn defaults_match_the_contract() {
     assert_eq!(args.heartbeat_interval, Duration::from_secs(5));
     assert_eq!(args.drain_timeout, Duration::from_secs(25));
     assert!(args.migrate);
-    assert_eq!(args.worker_threads, 1, "one core, like a mesh proxy");
+    assert_eq!(args.worker_threads, 0, "one runtime thread per core");
     assert_eq!(args.max_body_bytes, 1024 * 1024);
 }
 
