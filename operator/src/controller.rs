@@ -115,7 +115,8 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     apply(&ctx.api::<PodDisruptionBudget>(&ns), &build::pod_disruption_budget(ac)).await?;
     apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac)).await?;
 
-    let (leases, degraded) = match lease_counts(ctx, &ns, ac).await {
+    let pods = cluster_pods(ctx, &ns, ac).await?;
+    let (leases, degraded) = match lease_counts(ctx, &ns, ac, &pods).await {
         Ok(leases) => (leases, None),
         Err(e) => {
             tracing::warn!(error = %e, "cannot count leases");
@@ -124,7 +125,7 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     };
     let total: i64 = leases.values().sum();
     ctx.metrics.leases(&ns, &ac.name_any(), total);
-    set_deletion_costs(ctx, &ns, ac, &leases).await?;
+    set_deletion_costs(ctx, &ns, &pods, &leases).await?;
     let d = deployment.status.unwrap_or_default();
     let status = AgentClusterStatus {
         replicas: d.replicas.unwrap_or(0),
@@ -259,21 +260,26 @@ pub async fn cluster_pods(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<
 }
 
 /// Live leases per pod, counted in Postgres.
-async fn lease_counts(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<HashMap<String, i64>> {
+async fn lease_counts(
+    ctx: &Context,
+    ns: &str,
+    ac: &AgentCluster,
+    pods: &[Pod],
+) -> Result<HashMap<String, i64>> {
     let store = ctx.stores.get(&database_url(ctx, ns, ac).await?)?;
-    let pods: Vec<String> = cluster_pods(ctx, ns, ac).await?.iter().map(|p| p.name_any()).collect();
-    Ok(store.live_leases_by_node(&pods).await?)
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    Ok(store.live_leases_by_node(&names).await?)
 }
 
 /// `pod-deletion-cost` = the pod's lease count, so a scale-down removes the least-loaded.
 async fn set_deletion_costs(
     ctx: &Context,
     ns: &str,
-    ac: &AgentCluster,
+    pods: &[Pod],
     leases: &HashMap<String, i64>,
 ) -> Result<()> {
     let api = ctx.api::<Pod>(ns);
-    for pod in cluster_pods(ctx, ns, ac).await? {
+    for pod in pods {
         if pod.metadata.deletion_timestamp.is_some() {
             continue;
         }

@@ -53,6 +53,13 @@ pub struct Retry {
     pub budget_ms: u64,
 }
 
+impl Retry {
+    /// `Retry-After` in whole seconds, rounded up (at least 1: the header has no fractions).
+    pub fn after_secs(&self) -> u64 {
+        self.delay_ms.div_ceil(1000).max(1)
+    }
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -83,9 +90,9 @@ impl Refusal {
         Retry { delay_ms: ms(delay).max(1), budget_ms: ms(budget).max(ms(delay)) }
     }
 
-    /// `Retry-After` in whole seconds, rounded up (at least 1: the header has no fractions).
+    /// `Retry-After` in whole seconds, rounded up.
     pub fn retry_after_secs(&self) -> u64 {
-        self.retry().delay_ms.div_ceil(1000).max(1)
+        self.retry().after_secs()
     }
 
     pub fn body(&self) -> RefusalBody {

@@ -30,7 +30,7 @@ pub fn refusal(refusal: &Refusal) -> Response {
 
 /// A `503` with its directive: `Retry-After` in whole seconds, rounded up.
 pub fn refusal_body(body: RefusalBody) -> Response {
-    let secs = body.retry.map_or(1, |r| r.delay_ms.div_ceil(1000).max(1));
+    let secs = body.retry.map_or(1, |r| r.after_secs());
     (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, HeaderValue::from(secs))], Json(body))
         .into_response()
 }
