@@ -1,0 +1,15 @@
+# syntax=docker/dockerfile:1
+# leasehold-operator. Build context: the repository root:
+#   docker build -f docker/operator.Dockerfile -t leasehold/operator:dev .
+# The builder is pinned to bookworm so the binary's glibc matches distroless cc-debian12.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p leasehold-operator \
+ && cp target/release/leasehold-operator /leasehold-operator
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /leasehold-operator /usr/local/bin/leasehold-operator
+ENTRYPOINT ["/usr/local/bin/leasehold-operator"]
