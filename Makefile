@@ -2,10 +2,10 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-fast lint fmt bench deps build generate chart
+.PHONY: help demo test test-unit test-fast e2e e2e-kind lint fmt bench deps build generate chart
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 deps: ## install what the build and tests need (idempotent, fast when done)
 	@scripts/ensure-deps.sh
@@ -16,12 +16,22 @@ demo: deps build ## the whole system locally: Postgres, 3 sidecars + 3 demo agen
 build: ## build every binary (sidecar, demo agent, demo)
 	cargo build --workspace --bins --locked
 
-test: deps ## the whole suite: lint, then every test (unit, store, real processes) on a throwaway Postgres
+test: ## the whole suite: test-unit, then e2e (what CI runs)
+	$(MAKE) test-unit
+	$(MAKE) e2e
+
+test-unit: deps ## lint, then every test (unit, store, real processes) on a throwaway Postgres, and the chart
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo build --workspace --bins --locked
 	scripts/with-postgres.sh cargo test --workspace --locked
 	scripts/test-chart.sh
+
+e2e: deps ## end-to-end on a real local Kubernetes built from its own components (root; cached builds)
+	scripts/e2e.sh
+
+e2e-kind: ## the same e2e tests on kind, for Docker hosts (docker, kind, helm, kubectl on PATH)
+	scripts/e2e-kind.sh
 
 test-fast: ## unit tests only (no Postgres)
 	cargo test --workspace --lib --bins

@@ -110,7 +110,8 @@ render watch --set watchNamespace=team-a
 render crds --include-crds
 render custom --set metrics.port=9090 --set metrics.service.enabled=false \
   --set-string image.tag=1.2.3 --set-string sidecarImage.tag=4.5.6 --set logLevel=debug \
-  --set serviceAccount.create=false --set serviceAccount.name=existing-sa
+  --set serviceAccount.create=false --set serviceAccount.name=existing-sa \
+  --set 'extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'extraEnv[0].value=10.1.2.3'
 # NOTES.txt: helm renders it only on install, which needs a cluster even with
 # --dry-run=client. So a second copy of the chart wraps it in a named template and
 # renders it into a ConfigMap that helm template prints.
@@ -360,6 +361,9 @@ if custom:
           cc["image"] == "leasehold/operator:1.2.3"
           and cc["args"] == expected_args(9090, "leasehold/sidecar:4.5.6", "debug")
           and cc["ports"][0]["containerPort"] == 9090, f"{cc['image']} {cc['args']}")
+    check("extraEnv is appended to the operator's env",
+          cc["env"][-1] == {"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"}
+          and [e["name"] for e in cc["env"][:2]] == ["POD_NAMESPACE", "POD_NAME"], cc["env"])
     cpod = cobjs["Deployment"]["spec"]["template"]["spec"]
     subjects = cobjs["ClusterRoleBinding"]["subjects"] + cobjs["RoleBinding"]["subjects"]
     check("serviceAccount.name is used by the pod and both bindings",

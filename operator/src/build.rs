@@ -112,9 +112,17 @@ fn admin_get(path: &str) -> HTTPGetAction {
 
 /// The preStop hook: the kubelet calls the sidecar's drain before any container gets
 /// SIGTERM, so every lease is handed back first (GET: kubelet hooks cannot POST).
+/// Every container carries it, so the agent's SIGTERM also waits for the drain. The
+/// port is a number: the kubelet resolves a named port only among the ports of the
+/// container the hook belongs to, and only the sidecar declares `admin`.
 fn drain_hook() -> Lifecycle {
+    let drain = HTTPGetAction {
+        path: Some("/drain".to_owned()),
+        port: IntOrString::Int(ADMIN_PORT),
+        ..Default::default()
+    };
     Lifecycle {
-        pre_stop: Some(LifecycleHandler { http_get: Some(admin_get("/drain")), ..Default::default() }),
+        pre_stop: Some(LifecycleHandler { http_get: Some(drain), ..Default::default() }),
         ..Default::default()
     }
 }

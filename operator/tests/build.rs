@@ -61,7 +61,7 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
         let hook = c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap().http_get.as_ref().unwrap();
         assert_eq!(
             (hook.path.as_deref(), &hook.port),
-            (Some("/drain"), &IntOrString::String("admin".into())),
+            (Some("/drain"), &IntOrString::Int(9090)),
             "{}",
             c.name
         );

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `make e2e`: the end-to-end suite on a real Kubernetes built here from Kubernetes' own
+# components (e2e/k8s, e2e/cluster), with the project's images imported into containerd.
+#
+#   1. dependencies (Debian packages, Helm), the Kubernetes multicall binary (cached),
+#      the release binaries and their OCI image archives (cached);
+#   2. e2e/cluster/up.sh: etcd, control plane, containerd, kubelet, Postgres, all inside
+#      the network namespace leasehold-e2e;
+#   3. the e2e test crate (the same one `make e2e-kind` runs) against that cluster;
+#   4. e2e/cluster/down.sh, always (LEASEHOLD_E2E_KEEP=1 leaves the cluster up).
+#
+# Scenario timings (E2E-TIMING lines) are collected into $RUN/timings.txt.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+# shellcheck source=e2e/cluster/lib.sh
+. e2e/cluster/lib.sh
+
+[ "$(id -u)" = 0 ] || { echo "e2e.sh: needs root (network namespaces, containerd, kubelet)" >&2; exit 1; }
+started=$SECONDS
+scripts/ensure-e2e-deps.sh
+helm=$(scripts/ensure-helm.sh)
+e2e/k8s/build.sh "$K8S_BIN"
+log "kubernetes components built ($((SECONDS - started))s)"
+cargo build --release --locked --bins
+e2e/images/build.sh "$IMAGES"
+cargo test -p leasehold-e2e --features e2e --locked --no-run
+log "images and test binary built ($((SECONDS - started))s)"
+
+e2e/cluster/down.sh
+if [ "${LEASEHOLD_E2E_KEEP:-0}" != 1 ]; then trap 'e2e/cluster/down.sh' EXIT; fi
+e2e/cluster/up.sh
+log "cluster up ($((SECONDS - started))s)"
+
+# shellcheck disable=SC1090
+. "$ENV_FILE"
+export LEASEHOLD_E2E_HELM=$helm LEASEHOLD_E2E_CHART=$root/charts/leasehold
+set +e
+in_ns cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1 --nocapture 2>&1 \
+  | tee "$RUN/e2e.log"
+status=${PIPESTATUS[0]}
+set -e
+grep -h '^E2E-TIMING' "$RUN/e2e.log" >"$RUN/timings.txt" || true
+log "e2e finished with status $status ($((SECONDS - started))s); timings:"
+cat "$RUN/timings.txt" >&2
+exit "$status"
