@@ -1,0 +1,552 @@
+//! End-to-end scenarios on a real Kubernetes cluster. Run with
+//! `cargo test -p leasehold-e2e --features e2e -- --test-threads=1 --nocapture`
+//! after sourcing the e2e env file (see `leasehold_e2e::settings`).
+//!
+//! Each scenario has its own namespace, database and AgentCluster of 3 demo-agent pods
+//! (`leasehold_e2e::Fixture`), talks to pods only through the API server's pod proxy, and
+//! prints one `E2E-TIMING scenario=... seconds=...` line.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    ResourceExt,
+};
+use leasehold_e2e::{
+    client::{Client, Pods},
+    database::node_of,
+    logs::{drained_before_shutdown, LogFollower},
+    observer::{strictly_increasing, Frame, Observer},
+    pods::{is_ready, DELETION_COST, SIDECAR_CONTAINER},
+    proxy::PUBLIC_PORT,
+    report::{max_gap, ms, timing},
+    spec, Fixture, CLUSTER,
+};
+use rand::distr::{Alphanumeric, SampleString};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+/// How long a stream may take to show what a scenario waits for.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn suffix() -> String {
+    Alphanumeric.sample_string(&mut rand::rng(), 6).to_ascii_lowercase()
+}
+
+fn turn_body(text: &str, think_ms: u64, tokens: u32) -> Value {
+    json!({ "text": text, "think_ms": think_ms, "tokens": tokens })
+}
+
+fn turns_path(key: &str) -> String {
+    format!("/v1/sessions/{key}/turns")
+}
+
+fn is_event(kind: &'static str) -> impl Fn(&Frame) -> bool {
+    move |f| f.event.as_deref() == Some(kind)
+}
+
+/// A turn that must succeed (after any directives) and be served by `owner` if given.
+async fn turn_ok(client: &Client, key: &str, text: &str, first: Option<&str>, owner: Option<&str>) -> i64 {
+    let answer = client
+        .turn(key, &turn_body(text, 0, 1), first)
+        .await
+        .unwrap_or_else(|e| panic!("{key} {text:?}: {e}"));
+    assert_eq!(answer.status, 200, "{key} {text:?}: {}", answer.text());
+    if let Some(owner) = owner {
+        assert_eq!(answer.owner.as_deref(), Some(owner), "{key} {text:?} served by the expected pod");
+    }
+    answer.epoch.expect("Leasehold-Epoch header")
+}
+
+/// 1. A stream opened on pod B sees a turn served by pod A from its first event, in order;
+///    a stream opened on pod C mid-turn gets the earlier events by replay, then the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_from_anywhere() {
+    let f = Fixture::start("observe_from_anywhere").await;
+    let started = Instant::now();
+    let pods = f.ready_pods().await;
+    let (a, b, c) = (pods[0].clone(), pods[1].clone(), pods[2].clone());
+    let proxy = f.proxy();
+    let client = f.client_over(Pods::Fixed(pods.clone()));
+    let key = format!("watched-{}", suffix());
+
+    // B observes a session nobody owns yet.
+    let mut on_b = Observer::open(&proxy, &b, &key, None).await.expect("stream on B");
+    let sent = Instant::now();
+    let turn = tokio::spawn({
+        let (client, key, a) = (client.clone(), key.clone(), a.clone());
+        // 10 tokens over 3 s: turn_started, token x10, turn_finished = ids 1-1 .. 1-12.
+        async move { client.turn(&key, &turn_body("slow", 3000, 10), Some(&a)).await }
+    });
+    on_b.until(WAIT, is_event("turn_started")).await.expect("B sees the turn start");
+    let first_event = sent.elapsed();
+    on_b.until(WAIT, |f| f.event.as_deref() == Some("token") && f.data.contains("\"i\":2"))
+        .await
+        .expect("B sees tokens");
+    let b_had = on_b.events();
+    let c_opened = Instant::now();
+    let mut on_c = Observer::open(&proxy, &c, &key, None).await.expect("stream on C");
+
+    let answer = turn.await.unwrap().expect("the turn");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.owner.as_deref(), Some(a.as_str()), "A claimed the fresh session and served it");
+    assert_eq!(answer.epoch, Some(1));
+    for (name, observer) in [("B", &mut on_b), ("C", &mut on_c)] {
+        observer.until(WAIT, is_event("turn_finished")).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+
+    let all: Vec<(i64, u64)> = (1..=12).map(|s| (1, s)).collect();
+    assert_eq!(
+        strictly_increasing(&on_b.ids()).unwrap(),
+        all,
+        "B: from the first event, no gap, no duplicate"
+    );
+    assert_eq!(strictly_increasing(&on_c.ids()).unwrap(), all, "C: earlier events by replay, then live");
+    let kinds: Vec<String> = on_b
+        .frames_seen()
+        .iter()
+        .filter(|f| f.id.is_some())
+        .map(|f| f.event.clone().unwrap_or_default())
+        .collect();
+    let mut expected_kinds = vec!["turn_started".to_owned()];
+    expected_kinds.extend(std::iter::repeat_n("token".to_owned(), 10));
+    expected_kinds.push("turn_finished".to_owned());
+    assert_eq!(kinds, expected_kinds);
+    let started_frame =
+        on_b.frames_seen().into_iter().find(|f| f.event.as_deref() == Some("turn_started")).cloned();
+    assert!(started_frame.unwrap().data.contains(&a), "turn_started names the owner A");
+    assert!((3..12).contains(&b_had), "C opened mid-turn (B had seen {b_had} events)");
+    // C's earlier events arrived as one replay right after it connected, the rest live.
+    let c_times: Vec<Instant> = on_c.seen.iter().filter(|(f, _)| f.id.is_some()).map(|(_, at)| *at).collect();
+    let replayed =
+        c_times.iter().filter(|at| at.duration_since(c_opened) < Duration::from_millis(250)).count();
+    eprintln!("C: {replayed} events within 250 ms of connecting (B had seen {b_had} when C opened)");
+    assert!(replayed >= b_had.min(3), "C got the earlier events by replay at once");
+    timing(
+        "observe_from_anywhere",
+        started.elapsed(),
+        &[("first_event_ms", ms(first_event)), ("replayed", replayed.to_string())],
+    );
+}
+
+/// One acknowledged turn of the load.
+#[derive(Debug, Clone)]
+struct Ack {
+    text: String,
+    owner: String,
+    at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct SessionLog {
+    acks: Vec<Ack>,
+    failures: Vec<String>,
+    directives: BTreeMap<String, usize>,
+    not_reached: usize,
+}
+
+/// Send turns for `key` back to back to random Ready pods until `stop`.
+async fn drive(client: Client, key: String, stop: Arc<AtomicBool>) -> SessionLog {
+    let mut log = SessionLog::default();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let text = format!("{key}/{i}");
+        match client.turn(&key, &turn_body(&text, 100, 2), None).await {
+            Ok(answer) if answer.status == 200 => {
+                for d in &answer.directives {
+                    *log.directives.entry(d.clone()).or_default() += 1;
+                }
+                log.not_reached += answer.not_reached.len();
+                log.acks.push(Ack { text, owner: answer.owner.unwrap_or_default(), at: Instant::now() });
+            }
+            Ok(answer) => {
+                log.failures.push(format!("{text} on {}: {} {}", answer.pod, answer.status, answer.text()));
+                break; // the history can no longer be predicted
+            }
+            Err(e) => {
+                log.failures.push(format!("{text}: {e}"));
+                break;
+            }
+        }
+        i += 1;
+    }
+    log
+}
+
+/// 2. A rolling deploy under continuous load: zero failed turns, no session waits, every
+///    acknowledged turn checkpointed once in order, every old pod drained before SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_deploy_under_load() {
+    const SESSIONS: usize = 20;
+    const MAX_GAP: Duration = Duration::from_secs(1);
+    let f = Fixture::start("rolling_deploy_under_load").await;
+    let old = f.ready_pods().await;
+    let followers: Vec<LogFollower> =
+        old.iter().map(|pod| LogFollower::start(f.pods(), pod, SIDECAR_CONTAINER)).collect();
+    let ready = f.watch_ready().await;
+    let client = f.client_over(Pods::Ready(ready.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let keys: Vec<String> = (0..SESSIONS).map(|i| format!("roll-{i}")).collect();
+    let drivers: Vec<_> =
+        keys.iter().map(|key| tokio::spawn(drive(client.clone(), key.clone(), stop.clone()))).collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let stamp = suffix();
+    let patch = json!({ "spec": { "template": { "spec": { "containers": [
+        spec::agent_container(&f.settings.agent_image(), &[("E2E_ROLL", &stamp)])
+    ] } } } });
+    f.clusters()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch the template");
+    let rollout = Instant::now();
+    f.wait_pods("every pod replaced and Ready", Duration::from_secs(420), |pods| {
+        pods.len() == 3 && pods.iter().all(|p| is_ready(p) && !old.contains(&p.name_any()))
+    })
+    .await;
+    let rolled = rollout.elapsed();
+    eprintln!("rollout done in {:.1}s; load goes on a few seconds more", rolled.as_secs_f64());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut logs = BTreeMap::new();
+    for (key, driver) in keys.iter().zip(drivers) {
+        logs.insert(key.clone(), driver.await.expect("driver"));
+    }
+
+    // Zero failed turns: only directives, obeyed.
+    let failures: Vec<&String> = logs.values().flat_map(|l| &l.failures).collect();
+    let mut directives: BTreeMap<String, usize> = BTreeMap::new();
+    for log in logs.values() {
+        for (d, n) in &log.directives {
+            *directives.entry(d.clone()).or_default() += n;
+        }
+    }
+    let turns: usize = logs.values().map(|l| l.acks.len()).sum();
+    let not_reached: usize = logs.values().map(|l| l.not_reached).sum();
+    eprintln!("{turns} acknowledged turns; directives obeyed {directives:?}; {not_reached} sends to pods already gone");
+    assert!(failures.is_empty(), "failed turns: {failures:#?}");
+
+    // Every session's checkpoint history is exactly its acknowledged turns, in order.
+    let db = f.db();
+    for (key, log) in &logs {
+        let expected: Vec<String> = log.acks.iter().map(|a| a.text.clone()).collect();
+        assert!(!expected.is_empty(), "{key} made progress");
+        assert_eq!(db.history(key).await, expected, "{key}: checkpoint = acknowledged turns, in order");
+    }
+
+    // No session waited: the gap between consecutive acknowledged turns stays small.
+    let mut worst = (Duration::ZERO, String::new());
+    let mut offenders = Vec::new();
+    for (key, log) in &logs {
+        let at: Vec<Instant> = log.acks.iter().map(|a| a.at).collect();
+        for (i, w) in at.windows(2).enumerate() {
+            let gap = w[1] - w[0];
+            if gap >= MAX_GAP {
+                let (before, after) = (&log.acks[i], &log.acks[i + 1]);
+                offenders.push(format!(
+                    "{key}: {gap:?} between {} ({}) and {} ({})",
+                    before.text, before.owner, after.text, after.owner
+                ));
+            }
+        }
+        let gap = max_gap(&at);
+        if gap > worst.0 {
+            worst = (gap, key.clone());
+        }
+    }
+    let owners: BTreeSet<&str> =
+        logs.values().flat_map(|l| l.acks.iter().map(|a| a.owner.as_str())).collect();
+    assert!(owners.iter().any(|o| !old.iter().any(|p| p == o)), "new pods served turns: {owners:?}");
+
+    // Every old pod handed its leases back before its containers got SIGTERM.
+    let mut handed_back = 0;
+    for follower in &followers {
+        assert!(follower.ended(Duration::from_secs(90)).await, "{}: the sidecar exited", follower.pod);
+        let lines = follower.lines();
+        let report = drained_before_shutdown(&lines)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", follower.pod, lines.join("\n")));
+        assert_eq!(report.in_flight_stood_down, 0, "{}: every in-flight turn finished", follower.pod);
+        handed_back += report.handed_back;
+    }
+    let live = db.live_leases_of(&old).await;
+    assert!(live.is_empty(), "leases still naming an old pod: {live:?}");
+    for node in db.nodes(&old, spec::LEASE_TTL).await {
+        assert!(!node.live && node.expired_on_purpose, "{}: handed back, not lapsed: {node:?}", node.owner);
+    }
+    timing(
+        "rolling_deploy",
+        rolled,
+        &[
+            ("max_gap_ms", ms(worst.0)),
+            ("turns", turns.to_string()),
+            ("sessions", SESSIONS.to_string()),
+            ("handed_back", handed_back.to_string()),
+            ("directives", directives.values().sum::<usize>().to_string()),
+        ],
+    );
+    assert!(offenders.is_empty(), "sessions waited >= {MAX_GAP:?}: {offenders:#?}");
+}
+
+/// 3. A force-deleted owner: the operator revokes its leases; each of its sessions is
+///    served elsewhere within 3 s (the TTL is 15 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_delete_owner() {
+    const ORPHANS: usize = 4;
+    const WITHIN: Duration = Duration::from_secs(3);
+    let f = Fixture::start("force_delete_owner").await;
+    let pods = f.ready_pods().await;
+    let victim = pods[0].clone();
+    let survivors: Vec<String> = pods[1..].to_vec();
+    let client = f.client_over(Pods::Fixed(pods.clone()));
+    let orphans: Vec<String> = (0..ORPHANS).map(|i| format!("orphan-{i}")).collect();
+    for key in &orphans {
+        for text in ["t1", "t2"] {
+            assert_eq!(turn_ok(&client, key, text, Some(&victim), Some(&victim)).await, 1);
+        }
+    }
+    let control = "control";
+    turn_ok(&client, control, "t1", Some(&survivors[0]), Some(&survivors[0])).await;
+
+    let deleted = Instant::now();
+    f.pods()
+        .delete(&victim, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
+        .await
+        .expect("force-delete the owner");
+    let elsewhere = f.client_over(Pods::Fixed(survivors.clone()));
+    let tasks: Vec<_> = orphans
+        .iter()
+        .map(|key| {
+            let (client, key) = (elsewhere.clone(), key.clone());
+            tokio::spawn(async move {
+                let answer = client.turn(&key, &turn_body("t3", 0, 1), None).await;
+                (key, answer, deleted.elapsed())
+            })
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    let mut per_session = Vec::new();
+    for task in tasks {
+        let (key, answer, took) = task.await.unwrap();
+        let answer = answer.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(answer.status, 200, "{key}: {}", answer.text());
+        let owner = answer.owner.clone().unwrap_or_default();
+        assert!(survivors.contains(&owner), "{key} served by a survivor, not {owner}");
+        assert_eq!(answer.epoch, Some(2), "{key}: taken over at the next epoch");
+        eprintln!(
+            "{key}: served by {owner} {took:?} after the force delete (directives {:?})",
+            answer.directives
+        );
+        per_session.push(took.as_millis().to_string());
+        worst = worst.max(took);
+        assert_eq!(f.db().history(&key).await, ["t1", "t2", "t3"], "{key}: history intact");
+    }
+    turn_ok(&client, control, "t2", Some(&survivors[1]), Some(&survivors[0])).await;
+    assert_eq!(f.db().history(control).await, ["t1", "t2"]);
+    timing(
+        "force_delete_owner",
+        worst,
+        &[("max_ms", ms(worst)), ("per_session_ms", per_session.join(",")), ("ttl_ms", ms(spec::LEASE_TTL))],
+    );
+    assert!(worst <= WITHIN, "a session of the deleted pod waited {worst:?} (> {WITHIN:?})");
+}
+
+fn deletion_cost(pod: &Pod) -> Option<&str> {
+    pod.annotations().get(DELETION_COST).map(String::as_str)
+}
+
+/// 4. Scale-down removes the least-loaded pods: the operator publishes deletion costs
+///    from lease counts; 3 → 1 keeps the busiest pod and every session keeps its history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_least_loaded() {
+    let f = Fixture::start("scale_down_least_loaded").await;
+    let started = Instant::now();
+    let mut pods = f.list_pods().await;
+    // The busiest pod is the youngest: without deletion costs, a ReplicaSet removes the
+    // pods ready for the shortest time first, so only the costs can save it.
+    pods.sort_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
+    let names: Vec<String> = pods.iter().map(ResourceExt::name_any).collect();
+    let loads = [(names[0].clone(), 1usize), (names[1].clone(), 3), (names[2].clone(), 10)];
+    let busiest = names[2].clone();
+    let client = f.client_over(Pods::Fixed(names.clone()));
+    let mut keys = Vec::new();
+    for (p, (pod, n)) in loads.iter().enumerate() {
+        for i in 0..*n {
+            let key = format!("load-{p}-{i}");
+            turn_ok(&client, &key, "before", Some(pod), Some(pod)).await;
+            keys.push(key);
+        }
+    }
+    let costs = Instant::now();
+    f.wait_pods("deletion costs from lease counts", Duration::from_secs(120), |pods| {
+        loads.iter().all(|(name, n)| {
+            pods.iter().any(|p| &p.name_any() == name && deletion_cost(p) == Some(n.to_string().as_str()))
+        })
+    })
+    .await;
+    let costs_published = costs.elapsed();
+
+    let scaling = Instant::now();
+    f.clusters()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": 1 } })))
+        .await
+        .expect("scale to 1");
+    let left = f
+        .wait_pods("one pod left", Duration::from_secs(240), |pods| pods.len() == 1 && is_ready(&pods[0]))
+        .await;
+    let scaled = scaling.elapsed();
+    assert_eq!(left[0].name_any(), busiest, "the most-loaded pod survives");
+    for key in &keys {
+        turn_ok(&client, key, "after", Some(&busiest), Some(&busiest)).await;
+        assert_eq!(f.db().history(key).await, ["before", "after"], "{key}: history intact");
+    }
+    timing(
+        "scale_down_least_loaded",
+        started.elapsed(),
+        &[("costs_published_ms", ms(costs_published)), ("scale_down_ms", ms(scaled))],
+    );
+}
+
+/// 5. The fence, with two real sidecars on the real database: a turn of an owner that
+///    lost the session never lands.
+///
+/// Why it is built this way: a sidecar that loses a session is normally told at once
+/// (LISTEN/NOTIFY on every takeover and every node-lease expiry), and its fast path
+/// serves owned sessions without a database round trip while its own node lease is
+/// certainly live. So "B takes over while A still believes it owns S" is made real in
+/// two steps, each with a deterministic expectation:
+///
+/// - mid-turn takeover: A is in the middle of a long turn of S; A's node lease is
+///   expired without the notification (as if A missed it), then B serves a turn of S
+///   and takes it over at epoch 2 (its claim notifies). A's turn must answer `fenced`
+///   (halted by the notification, or rejected by the fence at its next write, or
+///   stood down by A's heartbeat finding its node lease gone: every path is `fenced`)
+///   and nothing of it reaches the history.
+/// - pure zombie: B owns S at epoch 2 and serves it from its fast path. The lease is
+///   moved to C at epoch 3 exactly as C's takeover writes it, but without any
+///   notification, and B's own node lease stays live, so nothing but the database
+///   fence can stop B: B's next turn of S must come back `fenced`, with nothing in the
+///   history; the directive then leads to C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_canary() {
+    let f = Fixture::start("fence_canary").await;
+    let started = Instant::now();
+    let pods = f.ready_pods().await;
+    let (a, b, c) = (pods[0].clone(), pods[1].clone(), pods[2].clone());
+    let proxy = f.proxy();
+    let client = f.client_over(Pods::Fixed(pods.clone()));
+    let db = f.db();
+    let key = format!("canary-{}", suffix());
+    assert_eq!(turn_ok(&client, &key, "t1", Some(&a), Some(&a)).await, 1);
+
+    // Mid-turn takeover.
+    let mut on_a = Observer::open(&proxy, &a, &key, None).await.expect("stream on A");
+    let stale = tokio::spawn({
+        let (proxy, a, path) = (proxy.clone(), a.clone(), turns_path(&key));
+        // One attempt, no retry: the stale owner's own answer.
+        async move { proxy.post_json(&a, PUBLIC_PORT, &path, &turn_body("t2-stale", 4000, 8)).await }
+    });
+    on_a.until(WAIT, |f| f.event.as_deref() == Some("turn_started") && f.data.contains("t2-stale"))
+        .await
+        .expect("A started the long turn");
+    let lease = db.lease(&key).await.expect("a lease row");
+    assert_eq!((node_of(&lease.owner), lease.epoch), (a.as_str(), 1));
+    db.silently_expire_node(&lease.owner).await.expect("expire A's node lease");
+    let takeover_at = Instant::now();
+    let took_over =
+        proxy.post_json(&b, PUBLIC_PORT, &turns_path(&key), &turn_body("t3", 0, 1)).await.unwrap();
+    assert_eq!(took_over.status, 200, "B serves the turn: {}", took_over.text());
+    assert_eq!(took_over.header("leasehold-owner").as_deref(), Some(b.as_str()));
+    assert_eq!(took_over.header("leasehold-epoch").as_deref(), Some("2"), "B took over at the next epoch");
+    let stale = stale.await.unwrap().expect("A answered");
+    let fenced_after = takeover_at.elapsed();
+    assert_eq!(stale.status, 503, "A's stale turn is refused: {}", stale.text());
+    let body = stale.json().expect("a JSON refusal");
+    assert_eq!(body["error"], "fenced", "{body}");
+    assert!(body["retry"]["delay_ms"].is_u64(), "with a retry directive: {body}");
+    assert_eq!(db.history(&key).await, ["t1", "t3"], "nothing of A's stale turn was checkpointed");
+    assert_eq!(db.checkpoint_epoch(&key).await, Some(2));
+
+    // Pure zombie: only the database fence stands between B and the history.
+    let c_owner = db.live_owner(&c).await.expect("C has a live node lease");
+    assert_eq!(db.silently_take_over(&key, &c_owner).await.expect("move the lease to C"), 3);
+    let b_owner = db.live_owner(&b).await;
+    assert!(b_owner.is_some(), "B's own node lease is still live: it believes it owns S");
+    let zombie =
+        proxy.post_json(&b, PUBLIC_PORT, &turns_path(&key), &turn_body("t4-zombie", 0, 1)).await.unwrap();
+    assert_eq!(zombie.status, 503, "B's zombie turn is fenced: {}", zombie.text());
+    let body = zombie.json().expect("a JSON refusal");
+    assert_eq!(body["error"], "fenced", "{body}");
+    assert_eq!(db.history(&key).await, ["t1", "t3"], "the zombie wrote nothing");
+    assert_eq!(db.checkpoint_epoch(&key).await, Some(2));
+
+    // Following the directive reaches the real owner.
+    let answer = client.turn(&key, &turn_body("t4", 0, 1), Some(&b)).await.expect("t4");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!((answer.owner.as_deref(), answer.epoch), (Some(c.as_str()), Some(3)));
+    assert_eq!(db.history(&key).await, ["t1", "t3", "t4"]);
+    assert_eq!(db.checkpoint_epoch(&key).await, Some(3));
+    timing("fence_canary", started.elapsed(), &[("stale_fenced_ms", ms(fenced_after))]);
+}
+
+/// 6. The API server rejects every spec that breaks a CEL rule of the CRD, with the
+///    rule's own message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_rejected() {
+    type Edit = fn(&mut Value);
+    let f = Fixture::namespace("invalid_specs_rejected").await;
+    let started = Instant::now();
+    let image = f.settings.agent_image();
+    let cases: [(&str, Edit, &str); 7] = [
+        ("negative replicas", |s| s["replicas"] = json!(-1), "replicas must be >= 0"),
+        ("agentPort 0", |s| s["agentPort"] = json!(0), "agentPort must be a TCP port"),
+        ("agentPort 65536", |s| s["agentPort"] = json!(65536), "agentPort must be a TCP port"),
+        (
+            "heartbeat 8s of a 15s TTL",
+            |s| s["sidecar"]["heartbeatInterval"] = json!("8s"),
+            "heartbeatInterval must be less than half of leaseTtl",
+        ),
+        (
+            "heartbeat exactly half the TTL",
+            |s| s["sidecar"]["heartbeatInterval"] = json!("7500ms"),
+            "heartbeatInterval must be less than half of leaseTtl",
+        ),
+        (
+            "drainTimeout 500ms",
+            |s| s["sidecar"]["drainTimeout"] = json!("500ms"),
+            "drainTimeout must be between 1s and 1h",
+        ),
+        (
+            "drainTimeout 2h",
+            |s| s["sidecar"]["drainTimeout"] = json!("2h"),
+            "drainTimeout must be between 1s and 1h",
+        ),
+    ];
+    let api = f.clusters();
+    for (i, (what, edit, message)) in cases.iter().enumerate() {
+        let mut spec_json = spec::spec_json(&image, 3);
+        edit(&mut spec_json);
+        let ac = spec::agent_cluster(&format!("bad-{i}"), spec_json);
+        match api.create(&PostParams::default(), &ac).await {
+            Err(kube::Error::Api(status)) => {
+                eprintln!("{what}: {} {}: {}", status.code, status.reason, status.message);
+                assert_eq!(status.code, 422, "{what}: {status:?}");
+                assert_eq!(status.reason, "Invalid", "{what}: {status:?}");
+                assert!(status.message.contains(message), "{what}: {:?} lacks {message:?}", status.message);
+            }
+            Err(e) => panic!("{what}: unexpected error {e}"),
+            Ok(_) => panic!("{what}: the API server accepted an invalid spec"),
+        }
+    }
+    // The same spec without the edits is accepted (dry run): the rules, nothing else, refused.
+    let valid = spec::agent_cluster("valid", spec::spec_json(&image, 3));
+    api.create(&PostParams { dry_run: true, ..PostParams::default() }, &valid).await.expect("a valid spec");
+    timing("invalid_specs_rejected", started.elapsed(), &[("cases", cases.len().to_string())]);
+}
