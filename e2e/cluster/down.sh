@@ -34,6 +34,10 @@ fi
 for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null); do
   stop_pid shim "$pid"
 done
+# Whatever a container left behind: the kubelet puts every pod in the kubepods cgroup.
+for procs in $(find /sys/fs/cgroup/pids/kubepods -name cgroup.procs 2>/dev/null); do
+  while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$procs"
+done
 stop containerd
 stop kube-scheduler
 stop kube-controller-manager

@@ -27,9 +27,11 @@ rm -rf "$RUN"
 mkdir -p "$RUN"/{pids,logs,etcd,kubelet,pod-logs,cni/net.d,cni/ipam,containerd}
 
 # start NAME CMD... — run CMD in the namespace, in its own session, logging to logs/NAME.
+# The subshell execs nsenter, which execs setsid, which execs CMD: one PID throughout
+# (setsid forks only for a process-group leader, and without job control it is not).
 start() {
   local name=$1; shift
-  in_ns setsid "$@" >"$RUN/logs/$name.log" 2>&1 </dev/null &
+  (exec nsenter --net="$NETNS_PATH" setsid "$@") >"$RUN/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$RUN/pids/$name"
   log "started $name (pid $!)"
 }
