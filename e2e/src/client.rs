@@ -27,8 +27,8 @@ pub struct Answer {
     pub body: Bytes,
     /// The directive codes obeyed on the way, in order.
     pub directives: Vec<String>,
-    /// Pods the API server could not deliver the request to, in order.
-    pub not_reached: Vec<String>,
+    /// Pods the API server could not deliver the request to, in order, with why.
+    pub not_reached: Vec<(String, String)>,
     /// The pod that gave the final answer.
     pub pod: String,
 }
@@ -141,14 +141,12 @@ impl Client {
     pub async fn post(&self, path: &str, body: Bytes, first: Option<&str>) -> Result<Answer, ClientError> {
         let started = Instant::now();
         let mut directives = Vec::new();
-        let mut not_reached: Vec<String> = Vec::new();
+        let mut not_reached: Vec<(String, String)> = Vec::new();
+        let mut tried: Vec<String> = Vec::new();
         let mut pod = first.map(str::to_owned).or_else(|| self.pods.pick(&[]));
         loop {
             let Some(current) = pod.take() else {
-                return Err(ClientError::Unreachable {
-                    tried: not_reached.clone(),
-                    last: "no pod left to try".into(),
-                });
+                return Err(ClientError::Unreachable { tried, last: "no pod left to try".into() });
             };
             let reply =
                 self.proxy.request(http::Method::POST, &current, PUBLIC_PORT, path, Some(body.clone())).await;
@@ -171,10 +169,11 @@ impl Client {
                     })
                 }
                 Attempt::NotReached(why) => {
-                    not_reached.push(current);
-                    pod = self.pods.pick(&not_reached);
+                    tried.push(current.clone());
+                    not_reached.push((current, why.clone()));
+                    pod = self.pods.pick(&tried);
                     if pod.is_none() {
-                        return Err(ClientError::Unreachable { tried: not_reached, last: why });
+                        return Err(ClientError::Unreachable { tried, last: why });
                     }
                 }
                 Attempt::Directive(refusal) => {
@@ -185,7 +184,7 @@ impl Client {
                         return Err(ClientError::GaveUp { last: refusal, directives });
                     }
                     tokio::time::sleep(delay).await;
-                    not_reached.clear();
+                    tried.clear();
                     pod = self.pods.pick(&[]);
                 }
             }

@@ -44,6 +44,10 @@ pub struct Fixture {
     pub settings: Settings,
     pub config: kube::Config,
     pub client: kube::Client,
+    /// For the pod proxy: kube's default retry of 503s (honouring `Retry-After`) is off,
+    /// so every directive reaches the suite's client, and a POST is never re-sent behind
+    /// its back.
+    proxy_client: kube::Client,
     pub scenario: String,
     pub ns: String,
     /// The test's database (superuser URL on it), when the scenario has one.
@@ -72,6 +76,9 @@ impl Fixture {
         .await
         .unwrap_or_else(|e| panic!("KUBECONFIG {}: {e}", settings.kubeconfig.display()));
         let client = kube::Client::try_from(config.clone()).expect("a kube client");
+        let mut no_retry = config.clone();
+        no_retry.default_retry = false;
+        let proxy_client = kube::Client::try_from(no_retry).expect("a kube client");
         let suffix = Alphanumeric.sample_string(&mut rand::rng(), 5);
         let ns = namespace_name(scenario, &suffix);
         let namespace = Namespace {
@@ -91,6 +98,7 @@ impl Fixture {
             settings,
             config,
             client,
+            proxy_client,
             scenario: scenario.to_owned(),
             ns,
             db: None,
@@ -146,7 +154,7 @@ impl Fixture {
     }
 
     pub fn proxy(&self) -> PodProxy {
-        PodProxy::new(self.client.clone(), &self.ns)
+        PodProxy::new(self.proxy_client.clone(), &self.ns)
     }
 
     /// A directive-honouring client over the given pods.

@@ -52,8 +52,16 @@ impl Reply {
 }
 
 /// Whether an API-server error for a proxied request means the request never reached the
-/// pod (gone, no address, connection refused): safe to send elsewhere, like a refused
-/// connection behind a load balancer. Anything else may have reached it.
+/// pod's server: safe to send elsewhere, like a refused connection behind a load
+/// balancer. Anything else may have reached it and is surfaced.
+///
+/// Besides a pod that is gone, has no address or refuses connections, this counts the
+/// two ways the API server's pooled keep-alive connection to a pod can turn out to be
+/// closed by the pod when the request is sent on it (`write: broken pipe` while writing
+/// the request, Go's `server closed idle connection`): the sidecar's server closes only
+/// idle connections when it shuts down, never one with a request it has read. The
+/// scenarios check every session's history against its acknowledged turns, so a request
+/// that did run would show up twice there.
 pub fn never_reached(status: &kube::core::Status) -> bool {
     let message = status.message.to_ascii_lowercase();
     status.reason == "NotFound"
@@ -64,6 +72,13 @@ pub fn never_reached(status: &kube::core::Status) -> bool {
         || message.contains("does not have a host assigned")
         || message.contains("no endpoints available")
         || message.contains("has no ip")
+        || closed_pooled_connection(status)
+}
+
+/// The API server sent the request on a keep-alive connection the pod had closed.
+pub fn closed_pooled_connection(status: &kube::core::Status) -> bool {
+    let message = status.message.to_ascii_lowercase();
+    message.contains("server closed idle connection") || message.contains("write: broken pipe")
 }
 
 #[derive(Debug)]
@@ -85,7 +100,8 @@ impl std::fmt::Display for ProxyError {
     }
 }
 
-/// Requests to the pods of one namespace.
+/// Requests to the pods of one namespace. The client must have kube's default retry
+/// off (`Config::default_retry = false`): it would re-send a POST on a `503`.
 #[derive(Clone)]
 pub struct PodProxy {
     pub client: kube::Client,
@@ -216,6 +232,23 @@ mod tests {
         assert!(never_reached(&status(404, "NotFound", "pods \"agents-1\" not found")));
         assert!(never_reached(&status(503, "", "error trying to reach service: dial tcp: i/o timeout")));
         assert!(!never_reached(&status(503, "", "error trying to reach service: EOF")));
+        assert!(!never_reached(&status(
+            503,
+            "",
+            "error trying to reach service: read: connection reset by peer"
+        )));
+        let closed = status(
+            503,
+            "ServiceUnavailable",
+            "error trying to reach service: http: server closed idle connection",
+        );
+        assert!(never_reached(&closed) && closed_pooled_connection(&closed));
+        assert!(never_reached(&status(
+            503,
+            "ServiceUnavailable",
+            "error trying to reach service: readfrom tcp 10.88.0.1:49540->10.88.0.30:8080: write tcp \
+             10.88.0.1:49540->10.88.0.30:8080: write: broken pipe"
+        )));
         assert!(!never_reached(&status(500, "InternalError", "unexpected EOF")));
     }
 }
