@@ -405,19 +405,89 @@ async fn force_delete_owner() {
     }
     turn_ok(&client, control, "t2", Some(&survivors[1]), Some(&survivors[0])).await;
     assert_eq!(f.db().history(control).await, ["t1", "t2"]);
-    // Who freed the leases: the operator's revocation (event `LeasesRevoked`, only when it
-    // found leases still live) or the pod's own drain on its way down.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Who freed the leases: the operator's drain of the terminating pod (event `Drained`)
+    // or its revocation of a pod gone (`LeasesRevoked`, only when leases were still live).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let events = Api::<Event>::namespaced(f.client.clone(), &f.ns).list(&Default::default()).await.unwrap();
-    for e in events.items.iter().filter(|e| e.message.as_deref().is_some_and(|m| m.contains(&victim))) {
-        eprintln!("event {}: {}", e.reason.as_deref().unwrap_or("?"), e.message.as_deref().unwrap_or(""));
+    let mut freed_by = Vec::new();
+    for e in &events.items {
+        let (reason, message) = (e.reason.as_deref().unwrap_or(""), e.message.as_deref().unwrap_or(""));
+        if ["Drained", "DrainFailed", "LeasesRevoked", "RevokeFailed"].contains(&reason)
+            && message.contains(&victim)
+        {
+            eprintln!("operator event {reason}: {message}");
+            freed_by.push(reason.to_owned());
+        }
     }
     timing(
         "force_delete_owner",
         worst,
-        &[("max_ms", ms(worst)), ("per_session_ms", per_session.join(",")), ("ttl_ms", ms(spec::LEASE_TTL))],
+        &[
+            ("max_ms", ms(worst)),
+            ("per_session_ms", per_session.join(",")),
+            ("ttl_ms", ms(spec::LEASE_TTL)),
+            ("operator_events", if freed_by.is_empty() { "none".to_owned() } else { freed_by.join(",") }),
+        ],
     );
     assert!(worst <= WITHIN, "a session of the deleted pod waited {worst:?} (> {WITHIN:?})");
+}
+
+/// 3b. A pod Kubernetes reports failed: the operator revokes its node leases (it does
+///     not drain a failed pod), so its sessions are served elsewhere within 3 s. The
+///     failure is reported through the pod's status (as a node-level failure would be);
+///     the kubelet then stops the pod's containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_pod_revoked() {
+    const ORPHANS: usize = 4;
+    const WITHIN: Duration = Duration::from_secs(3);
+    let f = Fixture::start("failed_pod_revoked").await;
+    let pods = f.ready_pods().await;
+    let victim = pods[0].clone();
+    let survivors: Vec<String> = pods[1..].to_vec();
+    let client = f.client_over(Pods::Fixed(pods.clone()));
+    let orphans: Vec<String> = (0..ORPHANS).map(|i| format!("failed-{i}")).collect();
+    for key in &orphans {
+        turn_ok(&client, key, "t1", Some(&victim), Some(&victim)).await;
+    }
+    let failed_at = Instant::now();
+    let status = json!({ "status": { "phase": "Failed", "reason": "E2EFailed", "message": "failed by the e2e suite" } });
+    f.pods()
+        .patch_status(&victim, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("report the pod failed");
+    let elsewhere = f.client_over(Pods::Fixed(survivors.clone()));
+    let mut worst = Duration::ZERO;
+    for key in &orphans {
+        let answer =
+            elsewhere.turn(key, &turn_body("t2", 0, 1), None).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        let took = failed_at.elapsed();
+        assert_eq!(answer.status, 200, "{key}: {}", answer.text());
+        assert_eq!(answer.epoch, Some(2), "{key}: taken over at the next epoch");
+        eprintln!(
+            "{key}: served by {:?} {took:?} after the pod was reported failed ({:?})",
+            answer.owner, answer.directives
+        );
+        worst = worst.max(took);
+        assert_eq!(f.db().history(key).await, ["t1", "t2"], "{key}: history intact");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = Api::<Event>::namespaced(f.client.clone(), &f.ns).list(&Default::default()).await.unwrap();
+    let mut freed_by = Vec::new();
+    for e in &events.items {
+        let (reason, message) = (e.reason.as_deref().unwrap_or(""), e.message.as_deref().unwrap_or(""));
+        if ["Drained", "DrainFailed", "LeasesRevoked", "RevokeFailed"].contains(&reason)
+            && message.contains(&victim)
+        {
+            eprintln!("operator event {reason}: {message}");
+            freed_by.push(reason.to_owned());
+        }
+    }
+    timing("failed_pod_revoked", worst, &[("max_ms", ms(worst)), ("operator_events", freed_by.join(","))]);
+    assert!(
+        freed_by.iter().any(|r| r == "LeasesRevoked"),
+        "the operator revoked the failed pod's leases: {freed_by:?}"
+    );
+    assert!(worst <= WITHIN, "a session of the failed pod waited {worst:?} (> {WITHIN:?})");
 }
 
 fn deletion_cost(pod: &Pod) -> Option<&str> {
