@@ -143,6 +143,8 @@ struct Ack {
     text: String,
     owner: String,
     at: Instant,
+    /// How the answer was reached: pods tried, directives obeyed, time taken.
+    path: String,
 }
 
 /// A turn that failed: no directive, an answer that may or may not mean it ran.
@@ -173,6 +175,7 @@ async fn drive(client: Client, key: String, stop: Arc<AtomicBool>) -> SessionLog
     while !stop.load(Ordering::Relaxed) {
         let text = format!("{key}/{i}");
         i += 1;
+        let sent = Instant::now();
         let answer = client.turn(&key, &turn_body(&text, 100, 2), None).await;
         let when = jiff::Timestamp::now();
         let what = match answer {
@@ -187,7 +190,19 @@ async fn drive(client: Client, key: String, stop: Arc<AtomicBool>) -> SessionLog
                         log.not_reached += 1;
                     }
                 }
-                log.acks.push(Ack { text, owner: answer.owner.unwrap_or_default(), at: Instant::now() });
+                let path = format!(
+                    "{:?} via {} (not reached: {:?}; directives: {:?})",
+                    sent.elapsed(),
+                    answer.pod,
+                    answer.not_reached,
+                    answer.directives
+                );
+                log.acks.push(Ack {
+                    text,
+                    owner: answer.owner.unwrap_or_default(),
+                    at: Instant::now(),
+                    path,
+                });
                 continue;
             }
             Ok(answer) => format!("on {}: {} {}", answer.pod, answer.status, answer.text().trim_end()),
@@ -289,8 +304,8 @@ async fn rolling_deploy_under_load() {
             let gap = w[1].at - w[0].at;
             if gap >= MAX_GAP {
                 problems.push(format!(
-                    "{key} waited {gap:?} between {} ({}) and {} ({})",
-                    w[0].text, w[0].owner, w[1].text, w[1].owner
+                    "{key} waited {gap:?} between {} ({}) and {} ({}), the latter took {}",
+                    w[0].text, w[0].owner, w[1].text, w[1].owner, w[1].path
                 ));
             }
         }
