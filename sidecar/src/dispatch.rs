@@ -3,9 +3,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderValue;
+use http::{header::CONTENT_TYPE, HeaderName, HeaderValue};
 
-use crate::{key::SessionKey, store::Epoch};
+use crate::{
+    key::SessionKey,
+    store::Epoch,
+    upstream::{self, Upstream},
+};
 
 pub const EPOCH_HEADER: &str = "leasehold-epoch";
 pub const TURN_ID_HEADER: &str = "leasehold-turn-id";
@@ -44,9 +48,21 @@ pub struct Turn {
     pub body: Bytes,
 }
 
+impl Turn {
+    /// The headers a turn travels with: its id and, when given, its content type.
+    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+        let id = HeaderValue::try_from(self.id.as_str()).expect("a turn id is a UUID");
+        std::iter::once((HeaderName::from_static(TURN_ID_HEADER), id))
+            .chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
+    }
+}
+
 /// Client of the agent container.
 #[derive(Debug, Clone)]
 pub struct Agent {
+    /// Turns (the hot path).
+    turns: Upstream,
+    /// Stand-downs.
     client: reqwest::Client,
     base: String,
 }
@@ -58,22 +74,16 @@ impl Agent {
             .tcp_nodelay(true)
             .build()
             .expect("static client configuration");
-        Agent { client, base: base.trim_end_matches('/').to_owned() }
+        // A turn runs as long as the agent needs: no response timeout.
+        let turns = Upstream::new(AGENT_CONNECT_TIMEOUT, None);
+        Agent { turns, client, base: base.trim_end_matches('/').to_owned() }
     }
 
     /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
-    pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> reqwest::Result<reqwest::Response> {
+    pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
-        let mut req = self
-            .client
-            .post(url)
-            .header(EPOCH_HEADER, epoch.0)
-            .header(TURN_ID_HEADER, &turn.id)
-            .body(turn.body.clone());
-        if let Some(ct) = &turn.content_type {
-            req = req.header(http::header::CONTENT_TYPE, ct);
-        }
-        req.send().await
+        let epoch = (HeaderName::from_static(EPOCH_HEADER), HeaderValue::from(epoch.0));
+        self.turns.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await
     }
 
     /// Tell the agent to halt and drop a session it no longer owns.

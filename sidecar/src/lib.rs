@@ -18,3 +18,4 @@ pub mod observe;
 pub mod ownership;
 pub mod route;
 pub mod store;
+pub mod upstream;

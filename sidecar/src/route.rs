@@ -4,6 +4,8 @@
 
 use std::{sync::Arc, time::Duration};
 
+use http_body_util::BodyExt;
+
 use crate::{
     directive::{Refusal, RefusalBody},
     dispatch::{Agent, Turn},
@@ -12,15 +14,16 @@ use crate::{
     metrics::Metrics,
     ownership::{LocalLease, Ownership, ResolveError, Route, StandDownReason},
     store::Holder,
+    upstream,
 };
 
 /// What happens to a turn.
 #[derive(Debug)]
 pub enum Reply {
     /// The agent (here, or on the owner) answered: stream it back unchanged.
-    Local { response: reqwest::Response, lease: LocalLease, guard: InFlightGuard },
+    Local { response: upstream::Response, lease: LocalLease, guard: InFlightGuard },
     /// The owner's sidecar answered a forwarded turn: pass it through.
-    Forwarded(reqwest::Response),
+    Forwarded(upstream::Response),
     /// Not now; the client may retry as the directive says.
     Refused(Refusal),
     /// It may have run remotely (or on our agent): `502 owner_failed`, never retried.
@@ -107,7 +110,10 @@ impl TurnRouter {
         }
         // A refusal from the peer: if it refused before running anything because it no
         // longer owns the session (or is draining), the lease may have moved: re-resolve.
-        let bytes = response.bytes().await.unwrap_or_default();
+        let bytes = match response.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => bytes::Bytes::new(),
+        };
         match serde_json::from_slice::<RefusalBody>(&bytes) {
             Ok(body) if body.retry.is_some() && MOVED_CODES.contains(&body.error.as_str()) => {
                 Hop::Moved(body)

@@ -4,11 +4,14 @@ pub mod auth;
 
 use std::time::Duration;
 
+use http::{HeaderName, HeaderValue};
+
 pub use self::auth::{AuthError, PeerAuth};
 use crate::{
-    dispatch::{Turn, TURN_ID_HEADER},
+    dispatch::Turn,
     key::SessionKey,
     observe::EventId,
+    upstream::{self, Upstream},
 };
 
 /// Pod-network connect: a peer that does not accept within this is treated as down.
@@ -29,20 +32,20 @@ pub enum ForwardError {
     NotConnected {
         addr: String,
         #[source]
-        source: reqwest::Error,
+        source: upstream::Error,
     },
     /// Timed out or failed after sending: the turn may be running there.
     #[error("forward to owner at {addr} failed")]
     Failed {
         addr: String,
         #[source]
-        source: reqwest::Error,
+        source: upstream::Error,
     },
 }
 
 #[derive(Debug)]
 pub struct Forwarder {
-    client: reqwest::Client,
+    client: Upstream,
     /// For long-lived upstream event streams: no total timeout.
     streams: reqwest::Client,
     auth: PeerAuth,
@@ -50,12 +53,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     pub fn new(secret: Option<&str>) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(PEER_CONNECT_TIMEOUT)
-            .timeout(PEER_RESPONSE_TIMEOUT)
-            .tcp_nodelay(true)
-            .build()
-            .expect("static client configuration");
+        let client = Upstream::new(PEER_CONNECT_TIMEOUT, Some(PEER_RESPONSE_TIMEOUT));
         let streams = reqwest::Client::builder()
             .connect_timeout(PEER_CONNECT_TIMEOUT)
             .tcp_nodelay(true)
@@ -86,26 +84,24 @@ impl Forwarder {
         req.send().await
     }
 
-    pub async fn forward(&self, addr: &str, turn: &Turn) -> Result<reqwest::Response, ForwardError> {
+    pub async fn forward(&self, addr: &str, turn: &Turn) -> Result<upstream::Response, ForwardError> {
         let path = peer_path(turn);
-        let mut req = self
-            .client
-            .post(format!("http://{addr}{path}"))
-            .header(TURN_ID_HEADER, &turn.id)
-            .body(turn.body.clone());
-        if let Some(ct) = &turn.content_type {
-            req = req.header(http::header::CONTENT_TYPE, ct);
-        }
-        for (name, value) in self.auth.sign("POST", &path, &turn.body) {
-            req = req.header(name, value);
-        }
-        req.send().await.map_err(|source| {
-            let addr = addr.to_owned();
-            if source.is_connect() {
-                ForwardError::NotConnected { addr, source }
-            } else {
-                ForwardError::Failed { addr, source }
-            }
-        })
+        let proof = self.auth.sign("POST", &path, &turn.body).into_iter().map(|(name, value)| {
+            (
+                HeaderName::from_static(name),
+                HeaderValue::try_from(value).expect("digits and hex are header values"),
+            )
+        });
+        let headers = turn.headers().chain(proof);
+        self.client.post(&format!("http://{addr}{path}"), headers, turn.body.clone()).await.map_err(
+            |source| {
+                let addr = addr.to_owned();
+                if source.is_connect() {
+                    ForwardError::NotConnected { addr, source }
+                } else {
+                    ForwardError::Failed { addr, source }
+                }
+            },
+        )
     }
 }

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod agent;
 pub mod peer;
 pub mod public;
+pub mod relay;
 pub mod reply;
 pub mod server;
 pub mod stream;

@@ -6,13 +6,15 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
-use futures_util::StreamExt;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
+use super::relay::Relay;
 use crate::{
     directive::{Refusal, RefusalBody},
     dispatch::{EPOCH_HEADER, OWNER_HEADER},
     route::Reply,
+    upstream,
 };
 
 /// A JSON error `{"error": code, "message": ...}`.
@@ -39,7 +41,8 @@ pub fn owner_failed() -> Response {
     error(StatusCode::BAD_GATEWAY, "owner_failed", None)
 }
 
-/// Hop-by-hop headers and the length (we re-frame the body) are not passed through.
+/// Hop-by-hop headers are not passed through, nor the length: the server sets it again
+/// from the relayed body's exact size, or frames the body as chunks when it is unknown.
 fn passes_through(name: &HeaderName) -> bool {
     !matches!(
         name.as_str(),
@@ -55,38 +58,19 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// Stream an upstream response back unchanged (status, headers, body).
-fn stream_back(upstream: reqwest::Response, keep_alive: impl Send + 'static) -> Response {
-    let status = upstream.status();
-    let mut headers = HeaderMap::new();
-    copy_headers(upstream.headers(), &mut headers);
-    let body = upstream.bytes_stream().map(move |chunk| {
-        let _ = &keep_alive; // held until the body is done
-        chunk
-    });
-    let mut response = Response::new(Body::from_stream(body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
+/// Stream an upstream response back unchanged (status, headers, body; a known length
+/// stays known), holding `guard` until the body is done and cutting it off when `halt`
+/// fires.
+fn stream_back<G: Send + Unpin + 'static>(
+    upstream: upstream::Response,
+    guard: G,
+    halt: Option<CancellationToken>,
+) -> Response {
+    let (parts, body) = upstream.into_parts();
+    let mut response = Response::new(Body::new(Relay::new(body, guard, halt)));
+    *response.status_mut() = parts.status;
+    copy_headers(&parts.headers, response.headers_mut());
     response
-}
-
-/// A session stood down mid-answer is cut off with an error, so the client sees a broken
-/// response rather than a complete-looking partial one.
-fn halt_on(
-    body: Body,
-    halt: tokio_util::sync::CancellationToken,
-) -> impl futures_util::Stream<Item = Result<bytes::Bytes, axum::BoxError>> + Send {
-    let state = (body.into_data_stream(), Box::pin(halt.cancelled_owned()), false);
-    futures_util::stream::unfold(state, |(mut data, mut halted, done)| async move {
-        if done {
-            return None;
-        }
-        tokio::select! {
-            biased;
-            _ = &mut halted => Some((Err("session stood down mid-answer".into()), (data, halted, true))),
-            next = data.next() => next.map(|item| (item.map_err(Into::into), (data, halted, false))),
-        }
-    })
 }
 
 pub fn reply(reply: Reply, node_id: &str) -> Response {
@@ -94,16 +78,12 @@ pub fn reply(reply: Reply, node_id: &str) -> Response {
         Reply::Refused(r) => refusal(&r),
         Reply::OwnerFailed => owner_failed(),
         Reply::PeerRefused(body) => refusal_body(body),
-        Reply::Forwarded(upstream) => stream_back(upstream, ()),
+        Reply::Forwarded(upstream) => stream_back(upstream, (), None),
         Reply::Local { response, lease, guard } => {
-            let halt = lease.halt.clone();
-            let epoch = lease.epoch;
-            let mut out = stream_back(response, guard);
-            let body = std::mem::replace(out.body_mut(), Body::empty());
-            *out.body_mut() = Body::from_stream(halt_on(body, halt));
+            let mut out = stream_back(response, guard, Some(lease.halt));
             let headers = out.headers_mut();
             headers.insert(OWNER_HEADER, HeaderValue::from_str(node_id).expect("node id is a header value"));
-            headers.insert(EPOCH_HEADER, HeaderValue::from(epoch.0));
+            headers.insert(EPOCH_HEADER, HeaderValue::from(lease.epoch.0));
             out
         }
     }
