@@ -60,36 +60,34 @@ impl Turn {
 /// Client of the agent container.
 #[derive(Debug, Clone)]
 pub struct Agent {
-    /// Turns (the hot path).
-    turns: Upstream,
-    /// Stand-downs.
-    client: reqwest::Client,
+    client: Upstream,
     base: String,
 }
 
 impl Agent {
     pub fn new(base: &str) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(AGENT_CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .build()
-            .expect("static client configuration");
         // A turn runs as long as the agent needs: no response timeout.
-        let turns = Upstream::new(AGENT_CONNECT_TIMEOUT, None);
-        Agent { turns, client, base: base.trim_end_matches('/').to_owned() }
+        let client = Upstream::new(AGENT_CONNECT_TIMEOUT, None);
+        Agent { client, base: base.trim_end_matches('/').to_owned() }
     }
 
     /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
     pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
         let epoch = (HeaderName::from_static(EPOCH_HEADER), HeaderValue::from(epoch.0));
-        self.turns.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await
+        self.client.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await
     }
 
     /// Tell the agent to halt and drop a session it no longer owns.
-    pub async fn stand_down(&self, key: &SessionKey) -> reqwest::Result<()> {
+    pub async fn stand_down(&self, key: &SessionKey) -> Result<(), upstream::Error> {
         let url = format!("{}/sessions/{key}/stand-down", self.base);
-        self.client.post(url).timeout(STAND_DOWN_TIMEOUT).send().await?.error_for_status()?;
-        Ok(())
+        let sent = self.client.post(&url, [], Bytes::new());
+        let response = tokio::time::timeout(STAND_DOWN_TIMEOUT, sent)
+            .await
+            .map_err(|_| upstream::Error::Timeout(STAND_DOWN_TIMEOUT))??;
+        match response.status() {
+            status if status.is_success() => Ok(()),
+            status => Err(upstream::Error::Status(status)),
+        }
     }
 }

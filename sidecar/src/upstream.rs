@@ -22,6 +22,8 @@ pub enum Error {
     Http(#[from] hyper_util::client::legacy::Error),
     #[error("invalid request")]
     Request(#[from] http::Error),
+    #[error("answered {0}")]
+    Status(http::StatusCode),
 }
 
 impl Error {

@@ -16,7 +16,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// `B` relayed as it is; `G` is held until the body is dropped.
 pub struct Relay<B, G> {
-    inner: Pin<Box<B>>,
+    inner: B,
     halt: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     halted: bool,
     _guard: G,
@@ -24,12 +24,7 @@ pub struct Relay<B, G> {
 
 impl<B, G> Relay<B, G> {
     pub fn new(inner: B, guard: G, halt: Option<CancellationToken>) -> Self {
-        Relay {
-            inner: Box::pin(inner),
-            halt: halt.map(|h| Box::pin(h.cancelled_owned())),
-            halted: false,
-            _guard: guard,
-        }
+        Relay { inner, halt: halt.map(|h| Box::pin(h.cancelled_owned())), halted: false, _guard: guard }
     }
 }
 
@@ -41,7 +36,7 @@ pub struct StoodDown;
 
 impl<B, G> Body for Relay<B, G>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
     G: Unpin,
 {
@@ -62,7 +57,7 @@ where
                 return Poll::Ready(Some(Err(StoodDown.into())));
             }
         }
-        this.inner.as_mut().poll_frame(cx).map(|frame| frame.map(|f| f.map_err(Into::into)))
+        Pin::new(&mut this.inner).poll_frame(cx).map(|frame| frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
