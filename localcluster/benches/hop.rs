@@ -3,7 +3,9 @@
 //! (b) client → owner's sidecar → agent (local dispatch, lease fresh);
 //! (c) client → non-owner sidecar → owner's sidecar → agent (one authenticated hop);
 //! (d) client → nginx (plain reverse proxy) → owner's sidecar → agent: the same hop as
-//!     (c), with nginx in place of our forwarding sidecar.
+//!     (c), with nginx in place of our forwarding sidecar;
+//! (e) the same hop through the thinnest hyper proxy (localcluster::bare_proxy): what
+//!     hyper and tokio alone cost, so (c) / (e) is what our forwarding adds.
 //! Also counts database transactions per turn on path (b).
 //!
 //! Run: `make bench` (needs nginx: `apt-get install nginx-light`; DATABASE_URL is set by
@@ -21,6 +23,8 @@ const CONCURRENCY: [usize; 2] = [1, 16];
 const ROUND: Duration = Duration::from_secs(3);
 const ROUNDS: usize = 3;
 const NGINX_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 31);
+/// Where the bare hyper proxy baseline (e) listens.
+const BARE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 32);
 const SESSION: &str = "bench-session";
 
 struct Stats {
@@ -100,7 +104,9 @@ async fn transactions(url: &str) -> i64 {
 
 #[tokio::main]
 async fn main() {
-    if localcluster::trivial_agent::serve_if_requested().await {
+    if localcluster::trivial_agent::serve_if_requested().await
+        || localcluster::bare_proxy::serve_if_requested().await
+    {
         return;
     }
     let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
@@ -116,6 +122,9 @@ async fn main() {
     let (owner, other) = (&cluster.nodes[0], &cluster.nodes[1]);
     let nginx_dir = tempfile::tempdir().unwrap();
     let mut nginx = start_nginx(owner.ip, nginx_dir.path());
+    let bare_cmd =
+        localcluster::bare_proxy::command((BARE_IP, PUBLIC_PORT).into(), (owner.ip, PUBLIC_PORT).into());
+    let mut bare = Proc::spawn("bare-proxy", bare_cmd, &nginx_dir.path().join("bare.log")).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The owner claims the session once; from here its lease is fresh.
     let first = reqwest::Client::new()
@@ -126,7 +135,7 @@ async fn main() {
     assert_eq!(first.headers()["leasehold-owner"], "node-a");
 
     let turns = format!("/v1/sessions/{SESSION}/turns");
-    let paths: [(&str, String); 4] = [
+    let paths: [(&str, String); 5] = [
         (
             "(a) direct to agent",
             format!(
@@ -138,14 +147,15 @@ async fn main() {
         ("(b) owner sidecar", format!("{}{turns}", owner.public_url())),
         ("(c) non-owner sidecar, one hop", format!("{}{turns}", other.public_url())),
         ("(d) nginx hop to owner sidecar", format!("http://{NGINX_IP}:{PUBLIC_PORT}{turns}")),
+        ("(e) bare hyper proxy hop", format!("http://{BARE_IP}:{PUBLIC_PORT}{turns}")),
     ];
     let (mut b_turns, mut b_txns) = (0usize, 0i64);
     for concurrency in CONCURRENCY {
         println!("## Data plane: {concurrency} concurrent client(s), {ROUNDS} rounds of {ROUND:?} per path, interleaved\n");
         println!("| round | path | p50 ms | p90 ms | p99 ms | turns/s |");
         println!("|---|---|---|---|---|---|");
-        let mut p90 = [Duration::ZERO; 4];
-        let mut rate = [0.0; 4];
+        let mut p90 = [Duration::ZERO; 5];
+        let mut rate = [0.0; 5];
         for round in 0..ROUNDS {
             for (i, (name, url)) in paths.iter().enumerate() {
                 let before = if i == 1 { transactions(&db).await } else { 0 };
@@ -176,6 +186,11 @@ async fn main() {
             "Added by our hop, (c) - (a) at p90: {} ms (target <= 0.5 ms)",
             ms(p90[2].saturating_sub(p90[0]))
         );
+        println!(
+            "Baseline: the bare hyper proxy's hop vs nginx's, (e) / (d) at p90: {:.3}; ours vs the bare proxy, (c) / (e): {:.3}",
+            p90[4].as_secs_f64() / p90[3].as_secs_f64(),
+            p90[2].as_secs_f64() / p90[4].as_secs_f64()
+        );
         println!("Added by the owner sidecar, (b) - (a) at p90: {} ms", ms(p90[1].saturating_sub(p90[0])));
         println!(
             "Our hop vs nginx's hop, (c) / (d) at p90: {:.3} (target <= 1.0); throughput (c)/(d): {:.3}\n",
@@ -191,5 +206,6 @@ async fn main() {
     );
     // SIGTERM lets the nginx master stop its workers (SIGKILL would orphan them).
     nginx.terminate(Duration::from_secs(5));
+    bare.terminate(Duration::from_secs(1));
     drop(cluster);
 }

@@ -2,6 +2,7 @@
 //! Postgres: the local demo and the cluster tests share it. Every process is stopped by
 //! PID when its handle is dropped.
 
+pub mod bare_proxy;
 pub mod cluster;
 pub mod observer;
 pub mod postgres;

@@ -39,20 +39,28 @@ pub fn one_line(rendered: &str) -> String {
     paragraph.join(" ")
 }
 
-/// Run `fut` on `threads` runtime threads. One thread (the default, as service-mesh
-/// proxies do) avoids cross-thread wake-ups, which dominate a proxy's cost on small pods.
+/// Run `fut` on the runtime `--worker-threads` asks for (see [`build_runtime`]).
 pub fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(
     threads: usize,
     fut: F,
 ) -> anyhow::Result<()> {
-    let mut builder = if threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(threads);
-        builder
+    build_runtime(threads)?.block_on(fut)
+}
+
+/// `threads` runtime threads: 0 = one per core (the default; tokio counts the cores this
+/// process may use, cgroup limits included), 1 = a single-threaded runtime (no wake-ups
+/// across threads: the lowest hop latency, but stream fan-out is capped by one core).
+pub fn build_runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
     };
-    builder.enable_all().build().context("starting the tokio runtime")?.block_on(fut)
+    builder.enable_all().build().context("starting the tokio runtime")
 }
 
 /// `leasehold-sidecar migrate`: apply the schema and exit.
@@ -144,4 +152,32 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     shutdown.cancel();
     server.await.context("server task")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::runtime::RuntimeFlavor;
+
+    fn shape(threads: usize) -> (RuntimeFlavor, usize) {
+        let runtime = build_runtime(threads).unwrap();
+        let handle = runtime.handle();
+        (handle.runtime_flavor(), handle.metrics().num_workers())
+    }
+
+    #[test]
+    fn zero_threads_means_one_per_core() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(shape(0), (RuntimeFlavor::MultiThread, cores));
+    }
+
+    #[test]
+    fn one_thread_is_a_single_threaded_runtime() {
+        assert_eq!(shape(1), (RuntimeFlavor::CurrentThread, 1));
+    }
+
+    #[test]
+    fn more_threads_are_taken_as_given() {
+        assert_eq!(shape(3), (RuntimeFlavor::MultiThread, 3));
+    }
 }

@@ -1,27 +1,40 @@
 //! The HTTP/1 client of the hot paths, a turn to the owner's peer port and a turn to the
-//! agent: hyper's pooled client, without reqwest's per-request URL parsing and layers
-//! (they showed in profiles of the forwarding hop).
+//! agent: hyper's connection API under a small keep-alive pool of our own. A pooled
+//! request costs one lock, no URI parsing and no spawned task (hyper-util's legacy
+//! client and reqwest each showed in profiles of the forwarding hop).
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
+use http::{header::HOST, HeaderValue};
 use http_body_util::Full;
-use hyper_util::{
-    client::legacy::{connect::HttpConnector, Client},
-    rt::{TokioExecutor, TokioTimer},
-};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 /// An answer whose body is still arriving.
 pub type Response = http::Response<hyper::body::Incoming>;
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// Idle connections kept per upstream address; more concurrent turns than this open
+/// connections that are closed when they finish (bounds sockets held by a quiet pod).
+const MAX_IDLE_PER_UPSTREAM: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect { addr: String, reason: String },
     #[error(transparent)]
-    Http(#[from] hyper_util::client::legacy::Error),
-    #[error("invalid request")]
-    Request(#[from] http::Error),
+    Http(#[from] hyper::Error),
+    #[error("invalid request: {0}")]
+    Request(String),
     #[error("answered {0}")]
     Status(http::StatusCode),
 }
@@ -29,41 +42,117 @@ pub enum Error {
 impl Error {
     /// The connection could not be made: the request was never sent.
     pub fn is_connect(&self) -> bool {
-        matches!(self, Error::Http(e) if e.is_connect())
+        matches!(self, Error::Connect { .. })
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Connections by `host:port`; each may still be reading an earlier answer.
+    idle: Mutex<HashMap<String, Vec<Sender>>>,
+    connect_timeout: Duration,
     /// Longest wait for the answer's head; `None` waits as long as it takes.
     response_timeout: Option<Duration>,
 }
 
+/// `http://host:port/path` → (`host:port`, `/path`).
+fn split(uri: &str) -> Result<(&str, &str), Error> {
+    let rest = uri.strip_prefix("http://").ok_or_else(|| Error::Request(format!("{uri}: not http://")))?;
+    let (authority, path) = rest.find('/').map_or((rest, "/"), |i| rest.split_at(i));
+    if authority.is_empty() {
+        return Err(Error::Request(format!("{uri}: no host")));
+    }
+    Ok((authority, path))
+}
+
 impl Upstream {
     pub fn new(connect_timeout: Duration, response_timeout: Option<Duration>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        let client = Client::builder(TokioExecutor::new()).pool_timer(TokioTimer::new()).build(connector);
-        Upstream { client, response_timeout }
+        let inner = Inner { idle: Mutex::default(), connect_timeout, response_timeout };
+        Upstream { inner: Arc::new(inner) }
     }
 
-    /// `POST uri` with `headers` and `body` (sent with its length).
+    /// `POST uri` (`http://host:port/path`) with `headers` and `body` (sent with its length).
     pub async fn post(
         &self,
         uri: &str,
         headers: impl IntoIterator<Item = (http::HeaderName, http::HeaderValue)>,
         body: Bytes,
     ) -> Result<Response, Error> {
-        let mut request = http::Request::post(uri).body(Full::new(body))?;
+        let (authority, path) = split(uri)?;
+        let host = HeaderValue::try_from(authority).map_err(|e| Error::Request(format!("{uri}: {e}")))?;
+        let mut request = http::Request::post(path)
+            .header(HOST, host)
+            .body(Full::new(body))
+            .map_err(|e| Error::Request(format!("{uri}: {e}")))?;
         request.headers_mut().extend(headers);
-        let sent = self.client.request(request);
-        match self.response_timeout {
+        let sent = self.send(authority, request);
+        match self.inner.response_timeout {
             Some(limit) => tokio::time::timeout(limit, sent).await.map_err(|_| Error::Timeout(limit))?,
             None => sent.await,
         }
-        .map_err(Error::Http)
+    }
+
+    async fn send(&self, authority: &str, request: http::Request<Full<Bytes>>) -> Result<Response, Error> {
+        let mut request = request;
+        // A pooled connection the upstream closed meanwhile hands the request back unsent:
+        // it goes on a fresh connection instead (never twice on the wire).
+        while let Some(mut sender) = self.checkout(authority) {
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    self.checkin(authority, sender);
+                    return Ok(response);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => request = unsent,
+                    None => return Err(Error::Http(e.into_error())),
+                },
+            }
+        }
+        let mut sender = self.connect(authority).await?;
+        let response = sender.send_request(request).await?;
+        self.checkin(authority, sender);
+        Ok(response)
+    }
+
+    /// An idle connection to `authority` ready for a request; closed ones are dropped.
+    fn checkout(&self, authority: &str) -> Option<Sender> {
+        let mut idle = self.inner.idle.lock().expect("upstream pool lock");
+        let conns = idle.get_mut(authority)?;
+        conns.retain(|c| !c.is_closed());
+        let ready = conns.iter().rposition(SendRequest::is_ready)?;
+        Some(conns.swap_remove(ready))
+    }
+
+    /// Back into the pool: ready again once its answer has been read.
+    fn checkin(&self, authority: &str, sender: Sender) {
+        let mut idle = self.inner.idle.lock().expect("upstream pool lock");
+        let conns = idle.entry(authority.to_owned()).or_default();
+        if conns.len() < MAX_IDLE_PER_UPSTREAM {
+            conns.push(sender);
+        }
+    }
+
+    async fn connect(&self, authority: &str) -> Result<Sender, Error> {
+        let failed = |reason: String| Error::Connect { addr: authority.to_owned(), reason };
+        let limit = self.inner.connect_timeout;
+        let stream = tokio::time::timeout(limit, TcpStream::connect(authority))
+            .await
+            .map_err(|_| failed(format!("no connection within {limit:?}")))?
+            .map_err(|e| failed(e.to_string()))?;
+        stream.set_nodelay(true).map_err(|e| failed(e.to_string()))?;
+        let (sender, conn) =
+            http1::handshake(TokioIo::new(stream)).await.map_err(|e| failed(e.to_string()))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
     }
 }
 
@@ -104,6 +193,88 @@ mod tests {
         assert!(request.starts_with("post /p http/1.1"), "{request}");
         assert!(request.contains("x-probe: 1") && request.contains("content-length: 4"), "{request}");
         assert!(request.ends_with("body"), "{request}");
+    }
+
+    /// Accepts connections on loopback and answers every request on them with `ok`,
+    /// closing each connection after `per_conn` answers; counts the connections.
+    async fn keep_alive_server(per_conn: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 4096];
+                    for _ in 0..per_conn {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        let reply: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if socket.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn sequential_requests_share_one_connection() {
+        let (addr, accepted) = keep_alive_server(usize::MAX).await;
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        for _ in 0..20 {
+            let response =
+                upstream.post(&format!("http://{addr}/p"), [], Bytes::from_static(b"x")).await.unwrap();
+            assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closed_is_replaced_without_an_error() {
+        let (addr, accepted) = keep_alive_server(1).await;
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        for _ in 0..5 {
+            let response =
+                upstream.post(&format!("http://{addr}/p"), [], Bytes::from_static(b"x")).await.unwrap();
+            assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5, "one answer per connection");
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_each_get_a_connection_and_all_are_answered() {
+        let (addr, accepted) = keep_alive_server(usize::MAX).await;
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (upstream, uri) = (upstream.clone(), format!("http://{addr}/p"));
+                tokio::spawn(async move {
+                    let response = upstream.post(&uri, [], Bytes::new()).await.unwrap();
+                    response.into_body().collect().await.unwrap().to_bytes()
+                })
+            })
+            .collect();
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), "ok");
+        }
+        let opened = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=8).contains(&opened), "{opened}");
+    }
+
+    #[test]
+    fn only_plain_http_uris_are_accepted() {
+        assert_eq!(split("http://10.0.0.1:8081/peer/x").unwrap(), ("10.0.0.1:8081", "/peer/x"));
+        assert_eq!(split("http://[::1]:3000").unwrap(), ("[::1]:3000", "/"));
+        assert!(matches!(split("https://a:1/x"), Err(Error::Request(_))));
+        assert!(matches!(split("http:///x"), Err(Error::Request(_))));
     }
 
     #[tokio::test]
