@@ -1,7 +1,8 @@
 //! Observe and drain, every figure beside a baseline from the same run:
 //! - publish → observer latency, observers on a non-owner node (one upstream hop) vs the
-//!   same observers on the owner itself; at 1, 100 and 1000 observers of one session, and
-//!   1000 sessions with one observer each;
+//!   same observers on the owner itself; at 1, 100 and 1000 observers of one session at a
+//!   model's token rate (one event every 20 ms), 1000 observers spread over all three
+//!   nodes, and at a burst pace (every 2 ms): 1000 observers, 1000 sessions with one each;
 //! - events per second one node fans out;
 //! - drain: `POST /drain` wall time with 1k and 10k leases held, and the hand-back
 //!   statement alone vs releasing the same leases one statement each.
@@ -13,12 +14,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_util::StreamExt;
 use leasehold_sidecar::{
     key::SessionKey,
-    observe::sse,
     store::{Epoch, LeaseStore, Owner},
 };
 use localcluster::{Cluster, ClusterOptions};
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::mpsc,
+};
 
 /// One event per session every 20 ms: 50 tokens/s, a fast model's streaming rate.
 const PACE: Duration = Duration::from_millis(20);
@@ -27,26 +31,59 @@ fn micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
 }
 
-/// Open `per_key` observers of each key at `base`; each reports (latency µs) per event received.
+/// Open `per_key` observers of each key at `base`; each reports (latency µs) per event
+/// received. The observers are lean SSE readers (one socket each, frames scanned for the
+/// publish timestamp in place) so that the bench measures delivery, not its own parsing:
+/// with reqwest + a full SSE and JSON parse per frame, the 1000 observer tasks cost
+/// more CPU than the sidecars on this two-core machine (BENCHMARKS.md has both).
 async fn observers(base: &str, keys: &[String], per_key: usize, tx: &mpsc::UnboundedSender<u64>) {
-    let http = reqwest::Client::new();
+    let authority = base.trim_start_matches("http://").to_owned();
     for key in keys {
         for _ in 0..per_key {
-            let response = http.get(format!("{base}/v1/sessions/{key}/stream")).send().await.unwrap();
+            let mut socket = TcpStream::connect(&authority).await.unwrap();
+            socket.set_nodelay(true).unwrap();
+            let request = format!(
+                "GET /v1/sessions/{key}/stream HTTP/1.1\r\nhost: {authority}\r\naccept: text/event-stream\r\n\r\n"
+            );
+            socket.write_all(request.as_bytes()).await.unwrap();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let mut frames = sse::parse(response.bytes_stream());
-                while let Some(Ok(frame)) = frames.next().await {
-                    let sent: Option<u64> = serde_json::from_str::<serde_json::Value>(&frame.data)
-                        .ok()
-                        .and_then(|v| v["t"].as_u64());
-                    if let Some(sent) = sent {
-                        let _ = tx.send(micros().saturating_sub(sent));
+                let mut buf = Vec::with_capacity(16 * 1024);
+                let mut head_done = false;
+                loop {
+                    match socket.read_buf(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
                     }
+                    if !head_done {
+                        let Some(end) = find(&buf, b"\r\n\r\n") else { continue };
+                        assert!(buf.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..end]));
+                        buf.drain(..end + 4);
+                        head_done = true;
+                    }
+                    // Complete SSE frames end with a blank line; chunk framing lies between them.
+                    let Some(last) = rfind(&buf, b"\n\n") else { continue };
+                    let now = micros();
+                    let mut rest = &buf[..last];
+                    while let Some(at) = find(rest, b"\"t\":") {
+                        rest = &rest[at + 4..];
+                        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+                        let sent: u64 = std::str::from_utf8(&rest[..digits]).unwrap().parse().unwrap();
+                        let _ = tx.send(now.saturating_sub(sent));
+                    }
+                    buf.drain(..last + 2);
                 }
             });
         }
     }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).rposition(|w| w == needle)
 }
 
 async fn publish(http: &reqwest::Client, agent_api: &str, key: &str, epoch: i64, kind: &str) {
@@ -65,18 +102,22 @@ fn pct(sorted: &[u64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)] as f64 / 1000.0
 }
 
-/// Publish `events` events round-robin over `keys` at a steady pace and collect every
-/// observer's latency.
+/// Publish `events` events round-robin over `keys`, one every `pace` (plus the publish's
+/// own round trip), and collect every observer's latency.
 async fn measure(
     cluster: &Cluster,
-    observe_on: usize,
+    observe_on: &[usize],
     keys: &[String],
     per_key: usize,
     events: usize,
     pace: Duration,
 ) -> (f64, f64, usize) {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    observers(&cluster.nodes[observe_on].public_url(), keys, per_key, &tx).await;
+    // `per_key` observers of each key in all, split evenly over the `observe_on` nodes.
+    for (i, node) in observe_on.iter().enumerate() {
+        let share = per_key / observe_on.len() + usize::from(i < per_key % observe_on.len());
+        observers(&cluster.nodes[*node].public_url(), keys, share, &tx).await;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await; // followers connected, replays done
     while rx.try_recv().is_ok() {} // drop replayed events
     let http = reqwest::Client::new();
@@ -111,24 +152,38 @@ async fn claim_all(cluster: &Cluster, keys: &[String]) {
         .await;
 }
 
+/// The burst pace: one event every 2 ms per key (500 events/s), well past a model's rate.
+const BURST: Duration = Duration::from_millis(2);
+
+/// Where observers sit: node indices (node 0 owns every session) and a label.
+type Placement = (&'static [usize], &'static str);
+
+/// Name, sessions, observers per session, events, pace, placements.
+type Scenario = (&'static str, usize, usize, usize, Duration, &'static [Placement]);
+
 async fn latency(db: &str) {
-    println!("## Publish → observer latency (one event every {PACE:?}: an LLM's token rate)\n");
-    println!("| scenario | observers on | p50 ms | p99 ms | deliveries |");
-    println!("|---|---|---|---|---|");
-    let scenarios: [(&str, usize, usize, usize); 4] = [
-        ("1 session, 1 observer", 1, 1, 200),
-        ("1 session, 100 observers", 1, 100, 200),
-        ("1 session, 1000 observers", 1, 1000, 200),
-        ("1000 sessions, 1 observer each", 1000, 1, 2000),
+    println!("## Publish → observer latency\n");
+    println!("| scenario | pace | observers on | p50 ms | p99 ms | deliveries |");
+    println!("|---|---|---|---|---|---|");
+    const REMOTE_OR_LOCAL: &[Placement] =
+        &[(&[1], "non-owner node (remote)"), (&[0], "owner node (baseline)")];
+    const SPREAD: &[Placement] = &[(&[0, 1, 2], "all 3 nodes (2 of them remote)")];
+    let scenarios: [Scenario; 6] = [
+        ("1 session, 1 observer", 1, 1, 200, PACE, REMOTE_OR_LOCAL),
+        ("1 session, 100 observers", 1, 100, 200, PACE, REMOTE_OR_LOCAL),
+        ("1 session, 1000 observers", 1, 1000, 200, PACE, REMOTE_OR_LOCAL),
+        ("1 session, 1000 observers", 1, 1000, 200, PACE, SPREAD),
+        ("1 session, 1000 observers (burst)", 1, 1000, 200, BURST, REMOTE_OR_LOCAL),
+        ("1000 sessions, 1 observer each", 1000, 1, 2000, BURST, REMOTE_OR_LOCAL),
     ];
-    for (sc, (name, sessions, per_key, events)) in scenarios.into_iter().enumerate() {
-        for (observe_on, place) in [(1, "non-owner node (remote)"), (0, "owner node (baseline)")] {
+    for (sc, (name, sessions, per_key, events, pace, placements)) in scenarios.into_iter().enumerate() {
+        for (observe_on, place) in placements {
             let cluster = Cluster::start(db, bench_options()).await.unwrap();
-            let keys: Vec<String> = (0..sessions).map(|i| format!("obs-{sc}-{observe_on}-{i}")).collect();
+            let keys: Vec<String> =
+                (0..sessions).map(|i| format!("obs-{sc}-{}-{i}", observe_on[0])).collect();
             claim_all(&cluster, &keys).await;
-            let (p50, p99, n) =
-                measure(&cluster, observe_on, &keys, per_key, events, Duration::from_millis(2)).await;
-            println!("| {name} | {place} | {p50:.3} | {p99:.3} | {n} |");
+            let (p50, p99, n) = measure(&cluster, observe_on, &keys, per_key, events, pace).await;
+            println!("| {name} | {pace:?} | {place} | {p50:.3} | {p99:.3} | {n} |");
         }
     }
     println!();
@@ -224,7 +279,7 @@ async fn drain(db: &str) {
 
 fn bench_options() -> ClusterOptions {
     ClusterOptions {
-        nodes: 2,
+        nodes: 3,
         lease_ttl: Duration::from_secs(15),
         heartbeat: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),

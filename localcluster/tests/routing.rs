@@ -69,7 +69,7 @@ async fn the_peer_port_admits_only_a_fresh_proof_of_the_secret() {
     let http = reqwest::Client::new();
     let path = "/peer/v1/sessions/peer-test/turns";
     let body = br#"{"text":"via peer"}"#;
-    let send = |headers: Vec<(&'static str, String)>| {
+    let send = |headers: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>| {
         let mut req = http.post(format!("{}{path}", node.peer_url())).body(body.to_vec());
         for (k, v) in headers {
             req = req.header(k, v);

@@ -14,6 +14,10 @@ use crate::{
 pub const EPOCH_HEADER: &str = "leasehold-epoch";
 pub const TURN_ID_HEADER: &str = "leasehold-turn-id";
 pub const OWNER_HEADER: &str = "leasehold-owner";
+/// The same names, parsed once at compile time for the hot paths.
+pub const EPOCH_NAME: HeaderName = HeaderName::from_static(EPOCH_HEADER);
+pub const TURN_ID_NAME: HeaderName = HeaderName::from_static(TURN_ID_HEADER);
+pub const OWNER_NAME: HeaderName = HeaderName::from_static(OWNER_HEADER);
 
 /// The agent is on loopback: a connection that takes longer than this is not coming.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -52,8 +56,7 @@ impl Turn {
     /// The headers a turn travels with: its id and, when given, its content type.
     pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
         let id = HeaderValue::try_from(self.id.as_str()).expect("a turn id is a UUID");
-        std::iter::once((HeaderName::from_static(TURN_ID_HEADER), id))
-            .chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
+        std::iter::once((TURN_ID_NAME, id)).chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
     }
 }
 
@@ -74,7 +77,7 @@ impl Agent {
     /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
     pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
-        let epoch = (HeaderName::from_static(EPOCH_HEADER), HeaderValue::from(epoch.0));
+        let epoch = (EPOCH_NAME, HeaderValue::from(epoch.0));
         self.client.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await
     }
 

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the sidecar (`GET /metrics` on the admin port).
 
+use std::borrow::Cow;
+
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -8,20 +10,40 @@ use prometheus_client::{
 
 use crate::ownership::StandDownReason;
 
+/// Label values: static names borrow, only dynamic ones (a peer's error code) allocate.
+type Label = Cow<'static, str>;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
-    outcome: String,
+    outcome: Label,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TurnLabels {
-    path: String,
-    outcome: String,
+    path: Label,
+    outcome: Label,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Reason {
-    reason: String,
+    reason: Label,
+}
+
+/// A status code as a label value, without allocating for the usual ones.
+pub fn status_label(status: http::StatusCode) -> Label {
+    match status.as_u16() {
+        200 => "200".into(),
+        201 => "201".into(),
+        202 => "202".into(),
+        204 => "204".into(),
+        400 => "400".into(),
+        404 => "404".into(),
+        409 => "409".into(),
+        413 => "413".into(),
+        422 => "422".into(),
+        500 => "500".into(),
+        _ => status.as_str().to_owned().into(),
+    }
 }
 
 #[derive(Debug)]
@@ -104,16 +126,16 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    pub fn resolved(&self, outcome: &str) {
-        self.resolutions.get_or_create(&Outcome { outcome: outcome.to_owned() }).inc();
+    pub fn resolved(&self, outcome: &'static str) {
+        self.resolutions.get_or_create(&Outcome { outcome: outcome.into() }).inc();
     }
 
-    pub fn turn(&self, path: &str, outcome: &str) {
-        self.turns.get_or_create(&TurnLabels { path: path.to_owned(), outcome: outcome.to_owned() }).inc();
+    pub fn turn(&self, path: &'static str, outcome: impl Into<Label>) {
+        self.turns.get_or_create(&TurnLabels { path: path.into(), outcome: outcome.into() }).inc();
     }
 
     pub fn stood_down(&self, reason: StandDownReason) {
-        self.stand_downs.get_or_create(&Reason { reason: reason.as_str().to_owned() }).inc();
+        self.stand_downs.get_or_create(&Reason { reason: reason.as_str().into() }).inc();
     }
 
     pub fn fenced_write(&self) {
@@ -156,5 +178,19 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_labels_are_the_three_digits() {
+        for code in [200u16, 202, 409, 418, 502, 503] {
+            let status = http::StatusCode::from_u16(code).unwrap();
+            assert_eq!(status_label(status), code.to_string());
+        }
+        assert!(matches!(status_label(http::StatusCode::OK), Cow::Borrowed(_)));
     }
 }

@@ -11,7 +11,7 @@ use crate::{
     dispatch::{Agent, Turn},
     forward::{ForwardError, Forwarder},
     inflight::{InFlight, InFlightGuard},
-    metrics::Metrics,
+    metrics::{status_label, Metrics},
     ownership::{LocalLease, Ownership, ResolveError, Route, StandDownReason},
     store::Holder,
     upstream,
@@ -64,7 +64,7 @@ pub struct TurnRouter {
 }
 
 impl TurnRouter {
-    fn refuse(&self, path: &str, refusal: Refusal) -> Reply {
+    fn refuse(&self, path: &'static str, refusal: Refusal) -> Reply {
         self.metrics.turn(path, refusal.code());
         Reply::Refused(refusal)
     }
@@ -105,7 +105,7 @@ impl TurnRouter {
             }
         };
         if response.status() != http::StatusCode::SERVICE_UNAVAILABLE {
-            self.metrics.turn("forwarded", response.status().as_str());
+            self.metrics.turn("forwarded", status_label(response.status()));
             return Hop::Answered(Reply::Forwarded(response));
         }
         // A refusal from the peer: if it refused before running anything because it no
@@ -119,7 +119,7 @@ impl TurnRouter {
                 Hop::Moved(body)
             }
             Ok(body) => {
-                self.metrics.turn("forwarded", &body.error);
+                self.metrics.turn("forwarded", body.error.clone());
                 Hop::Answered(Reply::PeerRefused(body))
             }
             Err(_) => {
@@ -150,7 +150,7 @@ impl TurnRouter {
                 ),
                 // Still its lease (e.g. draining, not handed back yet): its directive stands.
                 Hop::Moved(body) | Hop::Answered(Reply::PeerRefused(body)) => {
-                    self.metrics.turn("forwarded", &body.error);
+                    self.metrics.turn("forwarded", body.error.clone());
                     Reply::PeerRefused(body)
                 }
                 Hop::Answered(reply) => reply,
@@ -189,7 +189,7 @@ impl TurnRouter {
                 self.refuse("local", fenced)
             }
             Ok(response) => {
-                self.metrics.turn("local", response.status().as_str());
+                self.metrics.turn("local", status_label(response.status()));
                 Reply::Local { response, lease, guard }
             }
         }

@@ -4,8 +4,6 @@ pub mod auth;
 
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue};
-
 pub use self::auth::{AuthError, PeerAuth};
 use crate::{
     dispatch::Turn,
@@ -86,12 +84,7 @@ impl Forwarder {
 
     pub async fn forward(&self, addr: &str, turn: &Turn) -> Result<upstream::Response, ForwardError> {
         let path = peer_path(turn);
-        let proof = self.auth.sign("POST", &path, &turn.body).into_iter().map(|(name, value)| {
-            (
-                HeaderName::from_static(name),
-                HeaderValue::try_from(value).expect("digits and hex are header values"),
-            )
-        });
+        let proof = self.auth.sign("POST", &path, &turn.body);
         let headers = turn.headers().chain(proof);
         self.client.post(&format!("http://{addr}{path}"), headers, turn.body.clone()).await.map_err(
             |source| {

@@ -60,17 +60,29 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         return Err(too_large());
     }
     let mut stream = body.into_data_stream();
+    // A body that arrives in one chunk (the common case) is kept as it is, not copied.
+    let mut first: Option<Bytes> = None;
     let mut read = bytes::BytesMut::new();
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|e| BadRequest::new(StatusCode::BAD_REQUEST, "body_read_failed", e.to_string()))?;
-        if read.len() + chunk.len() > limit {
+        let so_far = first.as_ref().map_or(read.len(), Bytes::len);
+        if so_far + chunk.len() > limit {
             discard(stream, limit.saturating_mul(DISCARD_FACTOR)).await;
             return Err(too_large());
         }
-        read.extend_from_slice(&chunk);
+        match first.take() {
+            None if read.is_empty() => first = Some(chunk),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    read.reserve(declared.unwrap_or(0).max(earlier.len() + chunk.len()));
+                    read.extend_from_slice(&earlier);
+                }
+                read.extend_from_slice(&chunk);
+            }
+        }
     }
-    Ok(read.freeze())
+    Ok(first.unwrap_or_else(|| read.freeze()))
 }
 
 /// An oversized body is read and dropped, up to this many times the limit, before the

@@ -46,17 +46,15 @@ async fn authenticate(State(app): State<Arc<Sidecar>>, request: Request, next: N
 async fn turn(
     state: State<Arc<Sidecar>>,
     key: Path<String>,
-    headers: axum::http::HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Result<Response, BadRequest> {
-    post_turn(state, key, headers, body, Kind::Turn, Entry::Peer).await
+    post_turn(state, key, request, Kind::Turn, Entry::Peer).await
 }
 
 async fn event(
     state: State<Arc<Sidecar>>,
     key: Path<String>,
-    headers: axum::http::HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Result<Response, BadRequest> {
-    post_turn(state, key, headers, body, Kind::Event, Entry::Peer).await
+    post_turn(state, key, request, Kind::Event, Entry::Peer).await
 }

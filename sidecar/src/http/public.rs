@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use axum::{
-    body::Body,
-    extract::{Path, State},
-    http::{header, HeaderMap},
+    extract::{Path, Request, State},
+    http::header,
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -33,31 +32,30 @@ pub fn router(app: Arc<Sidecar>) -> Router {
 async fn turn(
     state: State<Arc<Sidecar>>,
     key: Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Result<Response, BadRequest> {
-    post_turn(state, key, headers, body, Kind::Turn, Entry::Public).await
+    post_turn(state, key, request, Kind::Turn, Entry::Public).await
 }
 
 async fn event(
     state: State<Arc<Sidecar>>,
     key: Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Result<Response, BadRequest> {
-    post_turn(state, key, headers, body, Kind::Event, Entry::Public).await
+    post_turn(state, key, request, Kind::Event, Entry::Public).await
 }
 
 /// Shared by the public and the peer listener: parse, route, answer.
 pub async fn post_turn(
     State(app): State<Arc<Sidecar>>,
     Path(key): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
     kind: Kind,
     entry: Entry,
 ) -> Result<Response, BadRequest> {
     let key = session_key(&key)?;
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let body = read_body(&headers, body, app.max_body).await?;
     let id = headers
         .get(TURN_ID_HEADER)

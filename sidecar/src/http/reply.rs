@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::relay::Relay;
 use crate::{
     directive::{Refusal, RefusalBody},
-    dispatch::{EPOCH_HEADER, OWNER_HEADER},
+    dispatch::{EPOCH_NAME, OWNER_NAME},
     route::Reply,
     upstream,
 };
@@ -82,8 +82,8 @@ pub fn reply(reply: Reply, node_id: &str) -> Response {
         Reply::Local { response, lease, guard } => {
             let mut out = stream_back(response, guard, Some(lease.halt));
             let headers = out.headers_mut();
-            headers.insert(OWNER_HEADER, HeaderValue::from_str(node_id).expect("node id is a header value"));
-            headers.insert(EPOCH_HEADER, HeaderValue::from(lease.epoch.0));
+            headers.insert(OWNER_NAME, HeaderValue::from_str(node_id).expect("node id is a header value"));
+            headers.insert(EPOCH_NAME, HeaderValue::from(lease.epoch.0));
             out
         }
     }
