@@ -76,18 +76,26 @@ impl TurnRouter {
 
     /// Route one turn entering at `entry`.
     pub async fn route(&self, turn: Turn, entry: Entry) -> Reply {
-        if *self.draining.borrow() {
-            return self.refuse("none", Refusal::Draining { drain_timeout: self.drain_timeout });
-        }
+        let Some(admitted) = self.inflight.admit(&self.draining) else {
+            return self.draining_refusal();
+        };
         match self.ownership.resolve(&turn.key, false).await {
             Err(e) => self.unresolved(e),
-            Ok(Route::Local(lease)) => self.run_local(turn, lease).await,
+            Ok(Route::Local(lease)) => self.run_local(turn, lease, admitted).await,
             // A peer that is no longer the owner does not forward again.
             Ok(Route::Remote(_)) if entry == Entry::Peer => {
                 self.refuse("none", Refusal::OwnerUnreachable { ttl: self.ttl })
             }
-            Ok(Route::Remote(holder)) => self.forward(turn, holder).await,
+            // A forwarded turn runs on the owner's agent, not ours: not counted here.
+            Ok(Route::Remote(holder)) => {
+                drop(admitted);
+                self.forward(turn, holder).await
+            }
         }
+    }
+
+    fn draining_refusal(&self) -> Reply {
+        self.refuse("none", Refusal::Draining { drain_timeout: self.drain_timeout })
     }
 
     /// One hop to `holder`: its answer, or why we should re-resolve.
@@ -138,7 +146,13 @@ impl TurnRouter {
         };
         let next = match self.ownership.resolve(&turn.key, true).await {
             Err(e) => return self.unresolved(e),
-            Ok(Route::Local(lease)) => return self.run_local(turn, lease).await,
+            Ok(Route::Local(lease)) => {
+                // Ours now: admitted like any turn, so a drain begun meanwhile waits or refuses.
+                return match self.inflight.admit(&self.draining) {
+                    Some(admitted) => self.run_local(turn, lease, admitted).await,
+                    None => self.draining_refusal(),
+                };
+            }
             Ok(Route::Remote(next)) => next,
         };
         if next.owner == holder.owner {
@@ -165,8 +179,7 @@ impl TurnRouter {
     }
 
     /// Dispatch to our agent. Halted at once if the session is stood down meanwhile.
-    async fn run_local(&self, turn: Turn, lease: LocalLease) -> Reply {
-        let guard = self.inflight.enter();
+    async fn run_local(&self, turn: Turn, lease: LocalLease, guard: InFlightGuard) -> Reply {
         let fenced = Refusal::Fenced { ttl: self.ttl };
         let response = tokio::select! {
             response = self.agent.dispatch(&turn, lease.epoch) => response,
