@@ -144,17 +144,17 @@ impl TurnRouter {
             Hop::Answered(reply) => return reply,
             other => other,
         };
+        // The re-claim may make us the owner: admitted first, so a drain begun meanwhile
+        // either waits for this turn (and hands the new lease back) or refuses it unclaimed.
+        let Some(admitted) = self.inflight.admit(&self.draining) else {
+            return self.draining_refusal();
+        };
         let next = match self.ownership.resolve(&turn.key, true).await {
             Err(e) => return self.unresolved(e),
-            Ok(Route::Local(lease)) => {
-                // Ours now: admitted like any turn, so a drain begun meanwhile waits or refuses.
-                return match self.inflight.admit(&self.draining) {
-                    Some(admitted) => self.run_local(turn, lease, admitted).await,
-                    None => self.draining_refusal(),
-                };
-            }
+            Ok(Route::Local(lease)) => return self.run_local(turn, lease, admitted).await,
             Ok(Route::Remote(next)) => next,
         };
+        drop(admitted);
         if next.owner == holder.owner {
             return match first {
                 // Its lease is live but it is unreachable: claimable when it expires.
