@@ -170,10 +170,12 @@ pub async fn observe(
 ) -> Result<Response, BadRequest> {
     let key = session_key(&key)?;
     let after = after(&headers, &query)?;
+    let mut sub = app.hubs.subscribe(&key, after);
+    // Read after subscribing: a drain sets the flag before it tells every subscriber to
+    // reconnect, so a stream either gets that `reconnect` or sees the flag here.
     if app.drain.is_draining() {
         return Ok(reply::refusal(&Refusal::Draining { drain_timeout: app.drain.timeout }));
     }
-    let mut sub = app.hubs.subscribe(&key, after);
     app.metrics.observers(1);
     let guard = ObserverGuard { app: app.clone(), key: key.clone() };
     if app.hubs.observer_joined(&key) {
