@@ -114,9 +114,20 @@ impl Upstream {
             }
         }
         let mut sender = self.connect(authority).await?;
-        let response = sender.send_request(request).await?;
-        self.checkin(authority, sender);
-        Ok(response)
+        match sender.try_send_request(request).await {
+            Ok(response) => {
+                self.checkin(authority, sender);
+                Ok(response)
+            }
+            Err(mut e) => match e.take_message() {
+                // Closed before a byte of the request went out: as good as never connected.
+                Some(_unsent) => Err(Error::Connect {
+                    addr: authority.to_owned(),
+                    reason: format!("closed before the request was sent: {}", e.into_error()),
+                }),
+                None => Err(Error::Http(e.into_error())),
+            },
+        }
     }
 
     /// An idle connection to `authority` ready for a request; closed ones are dropped.
@@ -124,6 +135,10 @@ impl Upstream {
         let mut idle = self.inner.idle.lock().expect("upstream pool lock");
         let conns = idle.get_mut(authority)?;
         conns.retain(|c| !c.is_closed());
+        if conns.is_empty() {
+            idle.remove(authority); // an upstream that went away leaves nothing behind
+            return None;
+        }
         let ready = conns.iter().rposition(SendRequest::is_ready)?;
         Some(conns.swap_remove(ready))
     }
@@ -131,9 +146,12 @@ impl Upstream {
     /// Back into the pool: ready again once its answer has been read.
     fn checkin(&self, authority: &str, sender: Sender) {
         let mut idle = self.inner.idle.lock().expect("upstream pool lock");
-        let conns = idle.entry(authority.to_owned()).or_default();
-        if conns.len() < MAX_IDLE_PER_UPSTREAM {
-            conns.push(sender);
+        match idle.get_mut(authority) {
+            Some(conns) if conns.len() >= MAX_IDLE_PER_UPSTREAM => {}
+            Some(conns) => conns.push(sender),
+            None => {
+                idle.insert(authority.to_owned(), vec![sender]);
+            }
         }
     }
 
@@ -247,6 +265,25 @@ mod tests {
             assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5, "one answer per connection");
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_went_away_leaves_no_pool_entry() {
+        let (addr, _) = keep_alive_server(1).await;
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let response = upstream.post(&format!("http://{addr}/p"), [], Bytes::new()).await.unwrap();
+        response.into_body().collect().await.unwrap();
+        assert!(upstream.inner.idle.lock().unwrap().contains_key(&addr), "pooled after the answer");
+        // The server closes after its one answer; the pool forgets the address.
+        for _ in 0..200 {
+            let gone = upstream.checkout(&addr).is_none()
+                && !upstream.inner.idle.lock().unwrap().contains_key(&addr);
+            if gone {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the closed connection's address is still pooled");
     }
 
     #[tokio::test]
