@@ -60,29 +60,22 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         return Err(too_large());
     }
     let mut stream = body.into_data_stream();
-    // A body that arrives in one chunk (the common case) is kept as it is, not copied.
-    let mut first: Option<Bytes> = None;
-    let mut read = bytes::BytesMut::new();
+    // Chunks are kept as they arrive: a body in one chunk (the common case) is not copied.
+    let (mut chunks, mut read) = (Vec::with_capacity(1), 0usize);
     while let Some(chunk) = stream.next().await {
-        let chunk =
+        let chunk: Bytes =
             chunk.map_err(|e| BadRequest::new(StatusCode::BAD_REQUEST, "body_read_failed", e.to_string()))?;
-        let so_far = first.as_ref().map_or(read.len(), Bytes::len);
-        if so_far + chunk.len() > limit {
+        if read + chunk.len() > limit {
             discard(stream, limit.saturating_mul(DISCARD_FACTOR)).await;
             return Err(too_large());
         }
-        match first.take() {
-            None if read.is_empty() => first = Some(chunk),
-            earlier => {
-                if let Some(earlier) = earlier {
-                    read.reserve(declared.unwrap_or(0).max(earlier.len() + chunk.len()));
-                    read.extend_from_slice(&earlier);
-                }
-                read.extend_from_slice(&chunk);
-            }
-        }
+        read += chunk.len();
+        chunks.push(chunk);
     }
-    Ok(first.unwrap_or_else(|| read.freeze()))
+    Ok(match chunks.len() {
+        1 => chunks.swap_remove(0),
+        _ => Bytes::from(chunks.concat()),
+    })
 }
 
 /// An oversized body is read and dropped, up to this many times the limit, before the
