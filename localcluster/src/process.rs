@@ -7,10 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nix::{
-    sys::signal::{kill, Signal},
-    unistd::Pid,
-};
+pub use nix::sys::signal::Signal;
+use nix::{sys::signal::kill, unistd::Pid};
 
 /// How often a wait polls the child.
 const POLL: Duration = Duration::from_millis(10);
@@ -36,7 +34,7 @@ impl Proc {
         self.child.id()
     }
 
-    fn signal(&self, signal: Signal) {
+    pub fn signal(&self, signal: Signal) {
         let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"));
         let _ = kill(pid, signal); // already gone is fine
     }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use leasehold_sidecar::client::Client;
-use localcluster::{Cluster, ClusterOptions, Observer};
+use localcluster::{process::Signal, Cluster, ClusterOptions, Observer};
 use rand::Rng;
 use serde_json::json;
 
@@ -129,7 +129,7 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigterm_drains_first_and_sigterm_after_a_drain_exits_at_once() {
+async fn sigterm_drains_first_then_lingers_and_exits() {
     let _serial = support::serial().await;
     let db = support::database().await;
     let mut cluster = Cluster::start(&db, options()).await.unwrap();
@@ -151,15 +151,105 @@ async fn sigterm_drains_first_and_sigterm_after_a_drain_exits_at_once() {
         );
     }
 
-    // A drain first, then SIGTERM: exits within a second.
+    // A drain first, then SIGTERM: the ports stay open for the linger after the
+    // hand-back (refusing with `draining`), then the process exits.
     client.post("/v1/sessions/t-3/turns", json!({"text": "x"}).to_string().into(), Some(1)).await.unwrap();
     let report = cluster.nodes[1].drain(false).await;
+    let drained = Instant::now();
     assert_eq!(report["handed_back"], 1);
     // The kubelet's preStop hook can only GET: the same idempotent drain.
     let again = cluster.nodes[1].drain(true).await;
     assert_eq!(again, report, "drain is idempotent");
-    let started = Instant::now();
-    let status = cluster.nodes[1].sidecar.terminate(Duration::from_secs(5)).expect("exited");
+    let linger = leasehold_sidecar::drain::linger(TTL);
+    cluster.nodes[1].sidecar.signal(Signal::SIGTERM);
+    tokio::time::sleep(linger / 2).await;
+    let refused = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/t-3/turns", cluster.nodes[1].public_url()))
+        .body("{}")
+        .send()
+        .await
+        .expect("still listening during the linger");
+    assert_eq!(refused.status(), 503);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "draining", "{body}");
+    let status = cluster.nodes[1].sidecar.wait_exit(linger + Duration::from_secs(2)).expect("exited");
     assert!(status.success());
-    assert!(started.elapsed() < Duration::from_secs(1), "exit after a drain took {:?}", started.elapsed());
+    let exited_after = drained.elapsed();
+    assert!(exited_after >= linger, "exited {exited_after:?} after the drain, before the linger {linger:?}");
+
+    // SIGTERM long after a drain: the linger has passed, the process exits at once.
+    client.post("/v1/sessions/t-4/turns", json!({"text": "x"}).to_string().into(), Some(2)).await.unwrap();
+    cluster.nodes[2].drain(false).await;
+    tokio::time::sleep(linger).await;
+    let started = Instant::now();
+    let status = cluster.nodes[2].sidecar.terminate(Duration::from_secs(5)).expect("exited");
+    assert!(status.success());
+    assert!(started.elapsed() < Duration::from_secs(1), "exit after the linger took {:?}", started.elapsed());
+}
+
+/// Other nodes forward to the draining node over pooled keep-alive connections, and
+/// remember it as the holder until the hand-back's notification reaches them. None of
+/// those turns may come back `502 owner_failed` (which says "it may have run"): the
+/// drained node keeps its ports open and refuses them with `draining`, and the
+/// forwarder re-claims and serves them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_forwarded_load_fails_no_turn() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let mut cluster = Cluster::start(&db, options()).await.unwrap();
+    let client = Arc::new(cluster.client());
+    let keys: Vec<String> = (0..32).map(|i| format!("fwd-{i}")).collect();
+    for key in &keys {
+        let answer = client
+            .post(&format!("/v1/sessions/{key}/turns"), json!({"text": "start"}).to_string().into(), Some(0))
+            .await
+            .unwrap();
+        assert_eq!(answer.owner.as_deref(), Some("node-a"));
+    }
+    // Each session sends back to back through node-b and node-c, which forward to node-a
+    // until it hands back: many pooled connections are busy as node-a shuts down. They
+    // go on until a second after node-a has exited.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drivers: Vec<_> = keys
+        .iter()
+        .cloned()
+        .map(|key| {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut acked, mut failed) = (vec!["start".to_owned()], Vec::new());
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let text = format!("{key}/{i}");
+                    let body = json!({ "text": text, "think_ms": 0, "tokens": 1 }).to_string();
+                    match client
+                        .post(&format!("/v1/sessions/{key}/turns"), body.into(), Some(1 + i % 2))
+                        .await
+                    {
+                        Ok(answer) if answer.status == 200 => acked.push(text),
+                        Ok(answer) => failed.push(format!("{text}: {} {:?}", answer.status, answer.json())),
+                        Err(e) => failed.push(format!("{text}: {e}")),
+                    }
+                    i += 1;
+                }
+                (key, acked, failed)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let status = tokio::task::block_in_place(|| cluster.nodes[0].sidecar.terminate(Duration::from_secs(15)));
+    assert!(status.expect("node-a exited").success());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for driver in drivers {
+        let (key, acked, failed) = driver.await.unwrap();
+        assert!(failed.is_empty(), "{key}: {failed:?}");
+        total += acked.len();
+        assert_eq!(
+            support::history(&db, &key).await,
+            acked,
+            "{key}: every acknowledged turn, once, in order"
+        );
+    }
+    eprintln!("{total} turns acknowledged, none failed, across node-a's shutdown");
 }

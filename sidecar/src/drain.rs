@@ -2,17 +2,23 @@
 //! in-flight turns finish up to the drain timeout, stand the rest down → hand every lease
 //! back in one statement → tell streams to reconnect → report.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use serde::Serialize;
-use tokio::sync::{watch, OnceCell};
+use tokio::{
+    sync::{watch, OnceCell},
+    time::Instant,
+};
 
 use crate::{
     heartbeat::Stopper,
     inflight::InFlight,
     metrics::Metrics,
     observe::Hubs,
-    ownership::{Ownership, StandDownReason},
+    ownership::{Ownership, StandDownReason, HOLDER_MAX_TRUST},
     store,
 };
 
@@ -20,6 +26,18 @@ use crate::{
 const HAND_BACK_ATTEMPTS: u32 = 3;
 /// Pause between hand-back attempts: long enough to ride out a brief store blip.
 const HAND_BACK_RETRY: Duration = Duration::from_millis(500);
+/// Added to the holder-trust horizon in `linger`: a forwarder's claim-to-send time.
+const LINGER_MARGIN: Duration = Duration::from_millis(500);
+
+/// How long a drained sidecar keeps its ports open before exiting. Another node may
+/// still forward a turn to us from its remembered holders until the hand-back's
+/// notification reaches it, at worst until that memory's trust runs out (half the
+/// remaining lease, capped). Open, we refuse such a turn with `draining` and the
+/// forwarder re-claims; closing the connection under it would make the forwarder answer
+/// `502 owner_failed` for a turn that never ran.
+pub fn linger(ttl: Duration) -> Duration {
+    (ttl / 2).min(HOLDER_MAX_TRUST) + LINGER_MARGIN
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct DrainReport {
@@ -36,6 +54,8 @@ pub struct DrainError(String);
 pub struct Drain {
     draining: watch::Sender<bool>,
     done: OnceCell<Result<DrainReport, DrainError>>,
+    /// When the sequence ended (leases handed back, or the attempt given up).
+    ended_at: OnceLock<Instant>,
     pub ownership: Arc<Ownership>,
     pub inflight: Arc<InFlight>,
     pub heartbeat: Stopper,
@@ -54,7 +74,17 @@ impl Drain {
         timeout: Duration,
     ) -> Self {
         let draining = watch::Sender::new(false);
-        Drain { draining, done: OnceCell::new(), ownership, inflight, heartbeat, metrics, hubs, timeout }
+        Drain {
+            draining,
+            done: OnceCell::new(),
+            ended_at: OnceLock::new(),
+            ownership,
+            inflight,
+            heartbeat,
+            metrics,
+            hubs,
+            timeout,
+        }
     }
 
     /// Observed by the router: `true` refuses new work with `draining`.
@@ -72,7 +102,21 @@ impl Drain {
 
     /// Run the drain once; concurrent and later calls wait for and return the same result.
     pub async fn run(&self) -> Result<DrainReport, DrainError> {
-        self.done.get_or_init(|| self.sequence()).await.clone()
+        self.done
+            .get_or_init(|| async {
+                let result = self.sequence().await;
+                self.ended_at.get_or_init(Instant::now);
+                result
+            })
+            .await
+            .clone()
+    }
+
+    /// Wait until `period` has passed since the drain ended (at once if it has already).
+    pub async fn linger_after(&self, period: Duration) {
+        if let Some(ended) = self.ended_at.get() {
+            tokio::time::sleep_until(*ended + period).await;
+        }
     }
 
     async fn sequence(&self) -> Result<DrainReport, DrainError> {
@@ -114,5 +158,20 @@ impl Drain {
             }
         }
         Err(DrainError(last.unwrap_or_default()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linger_outlasts_what_another_node_may_remember_of_us() {
+        // Remembered holders are trusted for half the remaining lease, capped.
+        assert_eq!(linger(Duration::from_secs(2)), Duration::from_secs(1) + LINGER_MARGIN);
+        assert_eq!(linger(Duration::from_secs(60)), HOLDER_MAX_TRUST + LINGER_MARGIN);
+        for ttl in [1, 2, 10, 15, 60].map(Duration::from_secs) {
+            assert!(linger(ttl) > (ttl / 2).min(HOLDER_MAX_TRUST), "{ttl:?}");
+        }
     }
 }

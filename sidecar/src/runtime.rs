@@ -9,6 +9,7 @@ use leasehold_sidecar::{
     app::{notify_stand_downs, watch_ownership, Listeners, Sidecar},
     config::Config,
     dispatch::Agent,
+    drain,
     heartbeat::{Heartbeat, HeartbeatHandle},
     store::{LeaseStore, DEFAULT_POOL_SIZE},
 };
@@ -148,7 +149,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         }
     }
     let report = app.drain.run().await.context("draining at shutdown")?;
-    tracing::info!(?report, "shutting down");
+    let linger = drain::linger(config.args.lease_ttl);
+    tracing::info!(?report, ?linger, "drained; refusing forwarded turns with `draining` before exiting");
+    app.drain.linger_after(linger).await;
+    tracing::info!("shutting down");
     shutdown.cancel();
     server.await.context("server task")?;
     Ok(())

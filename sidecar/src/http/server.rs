@@ -55,6 +55,9 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
             }
         });
     }
+    // Refuse new connections now (a clean "not connected" for a forwarder) rather than
+    // leave them unanswered in the backlog while open ones finish.
+    drop(listener);
     if tokio::time::timeout(GRACEFUL_SHUTDOWN, graceful.shutdown()).await.is_err() {
         tracing::debug!("connections still open at shutdown; closing them");
     }

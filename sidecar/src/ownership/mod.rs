@@ -8,6 +8,8 @@
 
 mod holders;
 
+pub use holders::MAX_TRUST as HOLDER_MAX_TRUST;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
