@@ -140,9 +140,17 @@ async fn sigterm_drains_first_then_lingers_and_exits() {
             .await
             .unwrap();
     }
-    // SIGTERM without a drain: the sidecar drains, then exits cleanly.
-    let status = cluster.nodes[0].sidecar.terminate(Duration::from_secs(10)).expect("exited");
+    // SIGTERM without a drain: the sidecar drains, keeps its ports open for the linger
+    // (refusing with `draining`), then exits cleanly.
+    let linger = leasehold_sidecar::drain::linger(TTL);
+    let signalled = Instant::now();
+    cluster.nodes[0].sidecar.signal(Signal::SIGTERM);
+    tokio::time::sleep(linger / 2).await;
+    assert_refuses_draining(&cluster.nodes[0].public_url()).await;
+    let status = cluster.nodes[0].sidecar.wait_exit(linger + Duration::from_secs(5)).expect("exited");
     assert!(status.success(), "{status:?}");
+    let took = signalled.elapsed();
+    assert!(took >= linger, "exited {took:?} after SIGTERM, before the linger {linger:?}");
     for key in ["t-1", "t-2"] {
         assert_eq!(
             client.session(key, 1).await.unwrap()["claimable"],
@@ -151,40 +159,32 @@ async fn sigterm_drains_first_then_lingers_and_exits() {
         );
     }
 
-    // A drain first, then SIGTERM: the ports stay open for the linger after the
-    // hand-back (refusing with `draining`), then the process exits.
+    // A drain first, then SIGTERM: exits within a second (refusing until then).
     client.post("/v1/sessions/t-3/turns", json!({"text": "x"}).to_string().into(), Some(1)).await.unwrap();
     let report = cluster.nodes[1].drain(false).await;
-    let drained = Instant::now();
     assert_eq!(report["handed_back"], 1);
     // The kubelet's preStop hook can only GET: the same idempotent drain.
     let again = cluster.nodes[1].drain(true).await;
     assert_eq!(again, report, "drain is idempotent");
-    let linger = leasehold_sidecar::drain::linger(TTL);
+    let started = Instant::now();
     cluster.nodes[1].sidecar.signal(Signal::SIGTERM);
-    tokio::time::sleep(linger / 2).await;
+    assert_refuses_draining(&cluster.nodes[1].public_url()).await;
+    let status = cluster.nodes[1].sidecar.wait_exit(Duration::from_secs(5)).expect("exited");
+    assert!(status.success());
+    assert!(started.elapsed() < Duration::from_secs(1), "exit after a drain took {:?}", started.elapsed());
+}
+
+/// A turn to a drained node that has not exited yet: `503 draining`.
+async fn assert_refuses_draining(public_url: &str) {
     let refused = reqwest::Client::new()
-        .post(format!("{}/v1/sessions/t-3/turns", cluster.nodes[1].public_url()))
+        .post(format!("{public_url}/v1/sessions/t-x/turns"))
         .body("{}")
         .send()
         .await
-        .expect("still listening during the linger");
+        .expect("still listening");
     assert_eq!(refused.status(), 503);
     let body: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(body["error"], "draining", "{body}");
-    let status = cluster.nodes[1].sidecar.wait_exit(linger + Duration::from_secs(2)).expect("exited");
-    assert!(status.success());
-    let exited_after = drained.elapsed();
-    assert!(exited_after >= linger, "exited {exited_after:?} after the drain, before the linger {linger:?}");
-
-    // SIGTERM long after a drain: the linger has passed, the process exits at once.
-    client.post("/v1/sessions/t-4/turns", json!({"text": "x"}).to_string().into(), Some(2)).await.unwrap();
-    cluster.nodes[2].drain(false).await;
-    tokio::time::sleep(linger).await;
-    let started = Instant::now();
-    let status = cluster.nodes[2].sidecar.terminate(Duration::from_secs(5)).expect("exited");
-    assert!(status.success());
-    assert!(started.elapsed() < Duration::from_secs(1), "exit after the linger took {:?}", started.elapsed());
 }
 
 /// Other nodes forward to the draining node over pooled keep-alive connections, and

@@ -74,6 +74,9 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
 
 /// Pause between start-up attempts while the database is unreachable.
 const STARTUP_RETRY: Duration = Duration::from_secs(2);
+/// A SIGTERM after a completed drain (e.g. the preStop hook's) exits within a second:
+/// the rest of the linger is cut to this.
+const EXIT_AFTER_A_DRAIN: Duration = Duration::from_millis(900);
 
 /// Bind every listener first, so a taken port fails start-up with the flag's name.
 async fn bind(config: &Config) -> anyhow::Result<Listeners> {
@@ -148,10 +151,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             Some(lost) = heartbeat.lost.recv() => app.ownership.lose_boot(&lost),
         }
     }
+    let drained_before = app.drain.is_done();
     let report = app.drain.run().await.context("draining at shutdown")?;
     let linger = drain::linger(config.args.lease_ttl);
-    tracing::info!(?report, ?linger, "drained; refusing forwarded turns with `draining` before exiting");
-    app.drain.linger_after(linger).await;
+    tracing::info!(?report, ?linger, "drained; refusing new work with `draining` before exiting");
+    if drained_before {
+        // The hand-back is already old news to most peers: exit within a second.
+        let _ = tokio::time::timeout(EXIT_AFTER_A_DRAIN, app.drain.linger_after(linger)).await;
+    } else {
+        app.drain.linger_after(linger).await;
+    }
     tracing::info!("shutting down");
     shutdown.cancel();
     server.await.context("server task")?;
