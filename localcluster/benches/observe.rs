@@ -111,7 +111,7 @@ async fn measure(
     per_key: usize,
     events: usize,
     pace: Duration,
-) -> (f64, f64, usize) {
+) -> Measured {
     let (tx, mut rx) = mpsc::unbounded_channel();
     // `per_key` observers of each key in all, split evenly over the `observe_on` nodes.
     for (i, node) in observe_on.iter().enumerate() {
@@ -122,6 +122,7 @@ async fn measure(
     while rx.try_recv().is_ok() {} // drop replayed events
     let http = reqwest::Client::new();
     let owner = &cluster.nodes[0];
+    let cpu_before = Cpu::now(cluster);
     for i in 0..events {
         publish(&http, &owner.agent_api_url(), &keys[i % keys.len()], 1, "token").await;
         tokio::time::sleep(pace).await;
@@ -134,8 +135,43 @@ async fn measure(
             got.push(l);
         }
     }
+    let cpu = Cpu::now(cluster).since(&cpu_before);
     got.sort_unstable();
-    (pct(&got, 0.5), pct(&got, 0.99), got.len())
+    Measured { p50: pct(&got, 0.5), p99: pct(&got, 0.99), n: got.len(), cpu }
+}
+
+struct Measured {
+    p50: f64,
+    p99: f64,
+    n: usize,
+    cpu: Cpu,
+}
+
+/// CPU time used so far by the sidecars (all nodes) and by this process (the observers
+/// and the publisher): per delivery, it shows who the two cores were busy for.
+struct Cpu {
+    sidecars: Duration,
+    bench: Duration,
+}
+
+impl Cpu {
+    fn now(cluster: &Cluster) -> Cpu {
+        let used = |pid| localcluster::process::cpu_time(pid).unwrap_or_default();
+        Cpu {
+            sidecars: cluster.nodes.iter().map(|n| used(n.sidecar.pid())).sum(),
+            bench: used(std::process::id()),
+        }
+    }
+
+    fn since(&self, before: &Cpu) -> Cpu {
+        Cpu { sidecars: self.sidecars - before.sidecars, bench: self.bench - before.bench }
+    }
+
+    /// Microseconds per delivery: (sidecars, this process).
+    fn per(&self, n: usize) -> (f64, f64) {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / n.max(1) as f64;
+        (per(self.sidecars), per(self.bench))
+    }
 }
 
 async fn claim_all(cluster: &Cluster, keys: &[String]) {
@@ -163,8 +199,10 @@ type Scenario = (&'static str, usize, usize, usize, Duration, &'static [Placemen
 
 async fn latency(db: &str) {
     println!("## Publish → observer latency\n");
-    println!("| scenario | pace | observers on | p50 ms | p99 ms | deliveries |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| scenario | pace | observers on | p50 ms | p99 ms | deliveries | sidecars CPU µs/delivery | observers+publisher CPU µs/delivery |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     const REMOTE_OR_LOCAL: &[Placement] =
         &[(&[1], "non-owner node (remote)"), (&[0], "owner node (baseline)")];
     const SPREAD: &[Placement] = &[(&[0, 1, 2], "all 3 nodes (2 of them remote)")];
@@ -176,14 +214,23 @@ async fn latency(db: &str) {
         ("1 session, 1000 observers (burst)", 1, 1000, 200, BURST, REMOTE_OR_LOCAL),
         ("1000 sessions, 1 observer each", 1000, 1, 2000, BURST, REMOTE_OR_LOCAL),
     ];
+    // `LEASEHOLD_BENCH_SCENARIO=3` runs only the fourth row (e.g. under a profiler).
+    let only: Option<usize> = std::env::var("LEASEHOLD_BENCH_SCENARIO").ok().and_then(|s| s.parse().ok());
     for (sc, (name, sessions, per_key, events, pace, placements)) in scenarios.into_iter().enumerate() {
+        if only.is_some_and(|only| only != sc) {
+            continue;
+        }
         for (observe_on, place) in placements {
             let cluster = Cluster::start(db, bench_options()).await.unwrap();
             let keys: Vec<String> =
                 (0..sessions).map(|i| format!("obs-{sc}-{}-{i}", observe_on[0])).collect();
             claim_all(&cluster, &keys).await;
-            let (p50, p99, n) = measure(&cluster, observe_on, &keys, per_key, events, pace).await;
-            println!("| {name} | {pace:?} | {place} | {p50:.3} | {p99:.3} | {n} |");
+            let m = measure(&cluster, observe_on, &keys, per_key, events, pace).await;
+            let (sidecars, bench) = m.cpu.per(m.n);
+            println!(
+                "| {name} | {pace:?} | {place} | {:.3} | {:.3} | {} | {sidecars:.1} | {bench:.1} |",
+                m.p50, m.p99, m.n
+            );
         }
     }
     println!();

@@ -98,3 +98,36 @@ impl Drop for Proc {
         }
     }
 }
+
+/// CPU time (user + system) a process has used so far, from `/proc/<pid>/stat`; `None`
+/// if it is gone. Benchmarks divide the difference over a run by the work done.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count fields after its closing ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    // Fields 14 and 15 of the file (utime, stime) are the 12th and 13th after the name.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let ticks = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??).ok()?;
+    Some(Duration::from_nanos((utime + stime) * 1_000_000_000 / ticks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_grows_with_work_done() {
+        let pid = std::process::id();
+        let before = cpu_time(pid).expect("our own stat");
+        let started = Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let used = cpu_time(pid).unwrap() - before;
+        assert!(used >= Duration::from_millis(150), "busy 300 ms, counted {used:?}");
+        assert!(cpu_time(u32::MAX).is_none(), "no such process");
+    }
+}
