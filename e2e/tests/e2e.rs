@@ -218,7 +218,13 @@ async fn drive(client: Client, key: String, stop: Arc<AtomicBool>) -> SessionLog
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_deploy_under_load() {
     const SESSIONS: usize = 20;
-    const MAX_GAP: Duration = Duration::from_secs(1);
+    // The hand-off gap (the turn after an owner change): the target, against the
+    // TTL (15 s) a crash costs.
+    const MAX_HANDOFF_GAP: Duration = Duration::from_secs(1);
+    // Between two turns served by the same pod nothing is handed off; this only catches
+    // a session left waiting (a TTL, a retry loop) while tolerating a slow moment on a
+    // loaded two-core node (one such turn took 1.16 s once, with no directive).
+    const MAX_PLAIN_GAP: Duration = Duration::from_secs(3);
     let f = Fixture::start("rolling_deploy_under_load").await;
     let old = f.ready_pods().await;
     let followers: Vec<LogFollower> =
@@ -297,14 +303,20 @@ async fn rolling_deploy_under_load() {
         }
     }
 
-    // No session waited: the gap between consecutive acknowledged turns stays small.
-    let mut worst = Duration::ZERO;
+    // No session waited: the gap between consecutive acknowledged turns stays small, and
+    // a hand-off (the next turn served by another pod) costs well under a second.
+    let (mut worst, mut worst_handoff) = (Duration::ZERO, Duration::ZERO);
     for (key, log) in &logs {
         for w in log.acks.windows(2) {
             let gap = w[1].at - w[0].at;
-            if gap >= MAX_GAP {
+            let handoff = w[0].owner != w[1].owner;
+            if handoff {
+                worst_handoff = worst_handoff.max(gap);
+            }
+            let limit = if handoff { MAX_HANDOFF_GAP } else { MAX_PLAIN_GAP };
+            if gap >= limit {
                 problems.push(format!(
-                    "{key} waited {gap:?} between {} ({}) and {} ({}), the latter took {}",
+                    "{key} waited {gap:?} (limit {limit:?}) between {} ({}) and {} ({}), the latter took {}",
                     w[0].text, w[0].owner, w[1].text, w[1].owner, w[1].path
                 ));
             }
@@ -349,6 +361,7 @@ async fn rolling_deploy_under_load() {
         rolled,
         &[
             ("max_gap_ms", ms(worst)),
+            ("max_handoff_gap_ms", ms(worst_handoff)),
             ("turns", turns.to_string()),
             ("failed", failed.to_string()),
             ("sessions", SESSIONS.to_string()),

@@ -9,7 +9,8 @@
 //! Also counts database transactions per turn on path (b).
 //!
 //! Run: `make bench` (needs nginx: `apt-get install nginx-light`; DATABASE_URL is set by
-//! scripts/with-postgres.sh).
+//! scripts/with-postgres.sh). To hold one path under a profiler:
+//! `LEASEHOLD_BENCH_PATH=c LEASEHOLD_BENCH_CLIENTS=16 LEASEHOLD_BENCH_ROUND_SECS=20`.
 
 use std::{
     net::Ipv4Addr,
@@ -35,10 +36,33 @@ struct Stats {
     n: usize,
 }
 
-async fn load(url: &str, concurrency: usize) -> Stats {
+/// `LEASEHOLD_BENCH_*` settings: run one path, one client count, longer rounds.
+struct Only {
+    path: Option<char>,
+    clients: Option<usize>,
+    round: Duration,
+}
+
+impl Only {
+    fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok();
+        Only {
+            path: var("LEASEHOLD_BENCH_PATH").and_then(|p| p.chars().next()),
+            clients: var("LEASEHOLD_BENCH_CLIENTS").map(|c| c.parse().expect("LEASEHOLD_BENCH_CLIENTS")),
+            round: var("LEASEHOLD_BENCH_ROUND_SECS")
+                .map_or(ROUND, |s| Duration::from_secs(s.parse().expect("LEASEHOLD_BENCH_ROUND_SECS"))),
+        }
+    }
+
+    fn all_paths(&self) -> bool {
+        self.path.is_none()
+    }
+}
+
+async fn load(url: &str, concurrency: usize, round: Duration) -> Stats {
     let http =
         reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(concurrency).build().unwrap();
-    let deadline = Instant::now() + ROUND;
+    let deadline = Instant::now() + round;
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
@@ -149,17 +173,22 @@ async fn main() {
         ("(d) nginx hop to owner sidecar", format!("http://{NGINX_IP}:{PUBLIC_PORT}{turns}")),
         ("(e) bare hyper proxy hop", format!("http://{BARE_IP}:{PUBLIC_PORT}{turns}")),
     ];
+    let only = Only::from_env();
+    let round_time = only.round;
     let (mut b_turns, mut b_txns) = (0usize, 0i64);
-    for concurrency in CONCURRENCY {
-        println!("## Data plane: {concurrency} concurrent client(s), {ROUNDS} rounds of {ROUND:?} per path, interleaved\n");
+    for concurrency in CONCURRENCY.into_iter().filter(|c| only.clients.is_none_or(|n| n == *c)) {
+        println!("## Data plane: {concurrency} concurrent client(s), {ROUNDS} rounds of {round_time:?} per path, interleaved\n");
         println!("| round | path | p50 ms | p90 ms | p99 ms | turns/s |");
         println!("|---|---|---|---|---|---|");
         let mut p90 = [Duration::ZERO; 5];
         let mut rate = [0.0; 5];
         for round in 0..ROUNDS {
             for (i, (name, url)) in paths.iter().enumerate() {
+                if only.path.is_some_and(|p| !name.starts_with(&format!("({p})"))) {
+                    continue;
+                }
                 let before = if i == 1 { transactions(&db).await } else { 0 };
-                let s = load(url, concurrency).await;
+                let s = load(url, concurrency, round_time).await;
                 if i == 1 {
                     b_txns += transactions(&db).await - before - 1; // minus our own read
                     b_turns += s.n;
@@ -174,6 +203,9 @@ async fn main() {
                     s.per_sec
                 );
             }
+        }
+        if !only.all_paths() {
+            continue;
         }
         println!(
             "\nMean p90 over rounds: (a) {} (b) {} (c) {} (d) {} ms",
@@ -198,12 +230,14 @@ async fn main() {
             rate[2] / rate[3]
         );
     }
-    let fast = owner.metric("leasehold_resolutions_total", "fast_path").await;
-    let claims = owner.metric("leasehold_resolutions_total", "").await - fast;
-    println!(
-        "Path (b): {b_turns} turns, {b_txns} database transactions in that time ({:.4} per turn, heartbeats included); owner resolutions: {fast} fast path, {claims} claims\n",
-        b_txns as f64 / b_turns as f64
-    );
+    if b_turns > 0 {
+        let fast = owner.metric("leasehold_resolutions_total", "fast_path").await;
+        let claims = owner.metric("leasehold_resolutions_total", "").await - fast;
+        println!(
+            "Path (b): {b_turns} turns, {b_txns} database transactions in that time ({:.4} per turn, heartbeats included); owner resolutions: {fast} fast path, {claims} claims\n",
+            b_txns as f64 / b_turns as f64
+        );
+    }
     // SIGTERM lets the nginx master stop its workers (SIGKILL would orphan them).
     nginx.terminate(Duration::from_secs(5));
     bare.terminate(Duration::from_secs(1));
