@@ -39,10 +39,17 @@ pub enum AuthError {
 
 /// Signs outgoing peer requests and verifies incoming ones. `None` secret: insecure mode,
 /// nothing is signed and everything is accepted (development only).
-#[derive(Debug)]
 pub struct PeerAuth {
-    secret: Option<Vec<u8>>,
+    /// The HMAC keyed with the cluster secret once (a clone per request skips re-keying).
+    key: Option<HmacSha256>,
     seen: Mutex<Nonces>,
+}
+
+/// Never prints the key: a `{:?}` of the sidecar must not leak the cluster secret.
+impl std::fmt::Debug for PeerAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerAuth").field("secure", &self.key.is_some()).finish_non_exhaustive()
+    }
 }
 
 /// Nonces of accepted proofs in two generations: a nonce is remembered for at least one
@@ -86,11 +93,13 @@ fn window_ms() -> u64 {
 
 impl PeerAuth {
     pub fn new(secret: Option<&str>) -> Self {
-        PeerAuth { secret: secret.map(|s| s.as_bytes().to_vec()), seen: Mutex::new(Nonces::default()) }
+        let key =
+            secret.map(|s| HmacSha256::new_from_slice(s.as_bytes()).expect("HMAC takes any key length"));
+        PeerAuth { key, seen: Mutex::new(Nonces::default()) }
     }
 
-    fn mac(&self, secret: &[u8], method: &str, path: &str, ts: &str, nonce: &str, body: &[u8]) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+    fn mac(key: &HmacSha256, method: &str, path: &str, ts: &str, nonce: &str, body: &[u8]) -> HmacSha256 {
+        let mut mac = key.clone();
         let digest = hex(&Sha256::digest(body));
         // "leasehold-peer-v1\n{method}\n{path}\n{ts}\n{nonce}\n{digest}", fed in pieces.
         for part in [
@@ -119,11 +128,11 @@ impl PeerAuth {
         body: &[u8],
         ts_ms: u64,
     ) -> Vec<(HeaderName, HeaderValue)> {
-        let Some(secret) = &self.secret else { return Vec::new() };
+        let Some(key) = &self.key else { return Vec::new() };
         let ts = ts_ms.to_string();
         let mut buffer = uuid::Uuid::encode_buffer();
         let nonce: &str = uuid::Uuid::new_v4().simple().encode_lower(&mut buffer);
-        let signature = hex(&self.mac(secret, method, path, &ts, nonce, body).finalize().into_bytes());
+        let signature = hex(&Self::mac(key, method, path, &ts, nonce, body).finalize().into_bytes());
         let value = |v: &str| HeaderValue::from_str(v).expect("digits and hex are header values");
         vec![(TIMESTAMP_NAME, value(&ts)), (NONCE_NAME, value(nonce)), (SIGNATURE_NAME, value(&signature))]
     }
@@ -136,7 +145,7 @@ impl PeerAuth {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<(), AuthError> {
-        let Some(secret) = &self.secret else { return Ok(()) };
+        let Some(key) = &self.key else { return Ok(()) };
         let header = |name: &'static str| {
             headers
                 .get(name)
@@ -152,7 +161,7 @@ impl PeerAuth {
             return Err(AuthError::Stale);
         }
         let signature = hex::decode(signature).map_err(|_| AuthError::BadSignature)?;
-        self.mac(secret, method, path, ts, nonce, body)
+        Self::mac(key, method, path, ts, nonce, body)
             .verify_slice(&signature)
             .map_err(|_| AuthError::BadSignature)?;
         // Only a correctly signed proof reaches the nonce cache, so it cannot be flooded.
@@ -181,11 +190,20 @@ mod tests {
     fn the_signature_covers_the_documented_message() {
         let auth = PeerAuth::new(Some("k"));
         let (ts, nonce) = ("1700000000000", "0123456789abcdef0123456789abcdef");
-        let got = hex(&auth.mac(b"k", "POST", "/p", ts, nonce, b"hi").finalize().into_bytes());
+        let key = auth.key.as_ref().unwrap();
+        let got = hex(&PeerAuth::mac(key, "POST", "/p", ts, nonce, b"hi").finalize().into_bytes());
         let mut want = HmacSha256::new_from_slice(b"k").unwrap();
         let digest = ::hex::encode(Sha256::digest(b"hi"));
         want.update(format!("leasehold-peer-v1\nPOST\n/p\n{ts}\n{nonce}\n{digest}").as_bytes());
         assert_eq!(got, ::hex::encode(want.finalize().into_bytes()));
+    }
+
+    #[test]
+    fn debug_output_does_not_show_the_secret() {
+        let shown = format!("{:?}", PeerAuth::new(Some("hunter2-secret")));
+        let bytes = format!("{:?}", b"hunter2-secret".to_vec());
+        assert!(!shown.contains("hunter2") && !shown.contains(&bytes[1..20]), "{shown}");
+        assert!(shown.contains("secure: true"), "{shown}");
     }
 
     #[test]
