@@ -108,6 +108,9 @@ async fn handle(
             response
         }
         Err(WriteError::Http(e)) => error(StatusCode::BAD_GATEWAY, "sidecar_unreachable", e.to_string()),
+        Err(e @ WriteError::BadCheckpoint(_)) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, "bad_checkpoint", e.to_string())
+        }
     }
 }
 

@@ -16,6 +16,10 @@ pub enum WriteError {
     Refused { status: StatusCode, retry_after: Option<String>, body: Bytes },
     #[error("sidecar unreachable")]
     Http(#[from] reqwest::Error),
+    /// The checkpoint is not this agent's `{"history":[...]}`: the turn stops rather
+    /// than start over from nothing (which would overwrite the history with one entry).
+    #[error("the checkpoint is not {{\"history\":[...]}}: {0}")]
+    BadCheckpoint(String),
 }
 
 /// The conversation state kept in the checkpoint.
@@ -58,7 +62,7 @@ impl Sidecar {
             return Ok(State::default());
         }
         let bytes = Self::check(response).await?.bytes().await?;
-        Ok(serde_json::from_slice(&bytes).unwrap_or_default())
+        serde_json::from_slice(&bytes).map_err(|e| WriteError::BadCheckpoint(e.to_string()))
     }
 
     pub async fn checkpoint(&self, key: &str, epoch: i64, state: &State) -> Result<(), WriteError> {

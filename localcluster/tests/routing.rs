@@ -199,3 +199,95 @@ async fn a_slow_client_is_cut_off_and_others_are_served_meanwhile() {
         "cut by the header timeout, not at once: {waited:?}"
     );
 }
+
+/// CONTRACT §5 `DELETE /v1/sessions/{key}/lease`: the idle session is claimable at once;
+/// a repeated DELETE (its answer lost) is done again; a stale epoch is `fenced`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_release_is_claimable_at_once_and_idempotent() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let client = cluster.client();
+    let answer = client.post("/v1/sessions/idle-1/turns", r#"{"text":"a"}"#.into(), Some(0)).await.unwrap();
+    assert_eq!(answer.status, 200);
+    let owner = cluster.node(answer.owner.as_deref().unwrap());
+    let http = reqwest::Client::new();
+    let release = |epoch: i64| {
+        http.delete(format!("{}/v1/sessions/idle-1/lease", owner.agent_api_url()))
+            .header("leasehold-epoch", epoch)
+            .send()
+    };
+    assert_eq!(release(1).await.unwrap().status(), 204);
+    let view: serde_json::Value = http
+        .get(format!("{}/v1/sessions/idle-1", cluster.nodes[2].public_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["claimable"], true, "{view}");
+    assert_eq!(view["owner"], serde_json::Value::Null, "{view}");
+    assert_eq!(release(1).await.unwrap().status(), 204, "a repeated release is done again");
+    let stale = release(7).await.unwrap();
+    assert_eq!(stale.status(), 409);
+    assert_eq!(stale.json::<serde_json::Value>().await.unwrap()["error"], "fenced");
+    // The next turn (from any node) takes the session over at the next epoch.
+    let answer = client.post("/v1/sessions/idle-1/turns", r#"{"text":"b"}"#.into(), Some(2)).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)));
+    assert_eq!(release(1).await.unwrap().status(), 409, "claimed since: the old epoch is fenced");
+    assert_eq!(support::history(&db, "idle-1").await, ["a", "b"]);
+}
+
+/// The demo agent (CONTRACT §4a) never starts over from a checkpoint it cannot read:
+/// the turn fails with `500 bad_checkpoint` and the stored checkpoint is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_checkpoint_fails_the_turn_and_is_kept() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let client = cluster.client();
+    let answer = client.post("/v1/sessions/cp-1/turns", r#"{"text":"a"}"#.into(), Some(0)).await.unwrap();
+    assert_eq!(answer.status, 200);
+    let owner = cluster.node(answer.owner.as_deref().unwrap());
+    let http = reqwest::Client::new();
+    let checkpoint = format!("{}/v1/sessions/cp-1/checkpoint", owner.agent_api_url());
+    let put = http.put(&checkpoint).header("leasehold-epoch", 1).body("not json").send().await.unwrap();
+    assert_eq!(put.status(), 204);
+    // The agent forgets what it holds, so the next turn thaws from the checkpoint.
+    let agent = format!("http://{}:{}", owner.ip, localcluster::cluster::DEMO_AGENT_PORT);
+    let dropped = http.post(format!("{agent}/sessions/cp-1/stand-down")).send().await.unwrap();
+    assert!(dropped.status().is_success(), "{}", dropped.status());
+    let answer = client.post("/v1/sessions/cp-1/turns", r#"{"text":"b"}"#.into(), Some(0)).await.unwrap();
+    assert_eq!(answer.status, 500, "{:?}", answer.json());
+    assert_eq!(answer.json().unwrap()["error"], "bad_checkpoint");
+    let kept = http.get(&checkpoint).send().await.unwrap().text().await.unwrap();
+    assert_eq!(kept, "not json", "nothing overwrote the checkpoint");
+}
+
+/// `/metrics`: the classic Prometheus text by default, OpenMetrics when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_come_in_the_format_asked_for() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let url = format!("{}/metrics", cluster.nodes[0].admin_url());
+    let http = reqwest::Client::new();
+    let classic = http.get(&url).send().await.unwrap();
+    assert_eq!(classic.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    let text = classic.text().await.unwrap();
+    assert!(text.contains("# TYPE leasehold_fenced_writes_total counter"), "{text}");
+    assert!(!text.contains("# EOF"), "{text}");
+    let open = http
+        .get(&url)
+        .header("accept", "application/openmetrics-text;version=1.0.0,text/plain;q=0.5")
+        .send()
+        .await
+        .unwrap();
+    assert!(open.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = open.text().await.unwrap();
+    assert!(
+        text.contains("# TYPE leasehold_fenced_writes counter") && text.trim_end().ends_with("# EOF"),
+        "{text}"
+    );
+}

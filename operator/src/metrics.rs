@@ -3,6 +3,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use axum::{routing::get, Router};
+use leasehold_sidecar::metrics::exposition;
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -86,9 +87,10 @@ impl Metrics {
 
 /// Serve `/metrics` and `/healthz` until the process ends.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(move || async move { metrics.encode() }));
+    let app = Router::new().route("/healthz", get(|| async { "ok" })).route(
+        "/metrics",
+        get(move |headers: http::HeaderMap| async move { exposition::respond(&headers, metrics.encode()) }),
+    );
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).await
 }

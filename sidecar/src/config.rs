@@ -122,6 +122,12 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The kernel's host name (what `hostname` prints), when `HOSTNAME` is not exported.
+fn system_hostname() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_owned()).filter(|n| !n.is_empty())
+}
+
 fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError { flag, message: message.into() }
 }
@@ -150,12 +156,19 @@ impl RunArgs {
                 ),
             ));
         }
+        if !self.insecure_peer && self.cluster_secret.as_deref().is_some_and(|s| s.trim().is_empty()) {
+            return Err(invalid(
+                "--cluster-secret",
+                "is empty; peers would authenticate with a key anyone knows (set a secret, or --insecure-peer for development)",
+            ));
+        }
         let node_id = self
             .node_id
             .clone()
             .or_else(|| env("POD_NAME"))
             .or_else(|| env("HOSTNAME"))
-            .ok_or_else(|| invalid("--node-id", "not set and neither POD_NAME nor HOSTNAME is"))?;
+            .or_else(system_hostname)
+            .ok_or_else(|| invalid("--node-id", "not set, POD_NAME and HOSTNAME unset, and no hostname"))?;
         if node_id.is_empty() || node_id.len() > 253 || node_id.contains('/') {
             return Err(invalid("--node-id", format!("{node_id:?} must be 1-253 characters without '/'")));
         }

@@ -18,6 +18,10 @@ pub enum InvalidKey {
     TooLong(usize),
     #[error("session key contains {0:?}; allowed are A-Z a-z 0-9 . _ : @ -")]
     BadChar(char),
+    /// `.` and `..` are URL dot segments: every HTTP client library removes them from a
+    /// path (`/sessions/../turns` becomes `/turns`), so no agent could be reached for them.
+    #[error("session key {0:?} is a URL dot segment; use any other key")]
+    DotSegment(&'static str),
 }
 
 fn allowed(c: char) -> bool {
@@ -34,6 +38,8 @@ impl SessionKey {
         }
         match s.chars().find(|&c| !allowed(c)) {
             Some(c) => Err(InvalidKey::BadChar(c)),
+            None if s == "." => Err(InvalidKey::DotSegment(".")),
+            None if s == ".." => Err(InvalidKey::DotSegment("..")),
             None => Ok(SessionKey(s.to_owned())),
         }
     }
@@ -63,7 +69,7 @@ mod tests {
 
     #[test]
     fn accepts_the_documented_alphabet() {
-        for ok in ["a", "user@example.com:chat-1", "A.b_c:d@e-f", &"x".repeat(200)] {
+        for ok in ["a", "user@example.com:chat-1", "A.b_c:d@e-f", "...", ".a", "..b", &"x".repeat(200)] {
             assert_eq!(SessionKey::parse(ok).unwrap().as_str(), ok);
         }
     }
@@ -75,5 +81,7 @@ mod tests {
         for (bad, c) in [("a/b", '/'), ("a b", ' '), ("ä", 'ä'), ("a%2F", '%'), ("a\0", '\0')] {
             assert_eq!(SessionKey::parse(bad), Err(InvalidKey::BadChar(c)), "{bad:?}");
         }
+        assert_eq!(SessionKey::parse("."), Err(InvalidKey::DotSegment(".")));
+        assert_eq!(SessionKey::parse(".."), Err(InvalidKey::DotSegment("..")));
     }
 }

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the sidecar (`GET /metrics` on the admin port).
 
+pub mod exposition;
+
 use std::borrow::Cow;
 
 use prometheus_client::{

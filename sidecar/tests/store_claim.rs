@@ -79,10 +79,14 @@ async fn case3_released_row_is_claimable_at_once_by_anyone() {
     assert!(!store.release(&key("s1"), &b, Epoch(1)).await.unwrap(), "not the owner changes nothing");
     assert!(store.release(&key("s1"), &a, Epoch(1)).await.unwrap());
     assert!(store.lookup(&key("s1")).await.unwrap().claimable());
+    assert!(store.release(&key("s1"), &a, Epoch(1)).await.unwrap(), "a repeated release is done again");
+    assert!(!store.release(&key("s1"), &b, Epoch(1)).await.unwrap(), "but never someone else's");
     // own released row: +1 as well
     assert_eq!(store.claim(&key("s1"), &a).await.unwrap(), Claim::TookOver { epoch: Epoch(2) });
     assert!(store.release(&key("s1"), &a, Epoch(2)).await.unwrap());
     assert_eq!(store.claim(&key("s1"), &b).await.unwrap(), Claim::TookOver { epoch: Epoch(3) });
+    assert!(!store.release(&key("s1"), &a, Epoch(2)).await.unwrap(), "claimed since: not ours to release");
+    assert!(!store.lookup(&key("s1")).await.unwrap().claimable(), "b's lease stands");
 }
 
 #[tokio::test]

@@ -63,6 +63,27 @@ fn secret_is_required_unless_insecure() {
 }
 
 #[test]
+fn an_empty_secret_is_refused() {
+    let base = ["--database-url", "postgres://x", "--node-id", "a", "--peer-listen", "127.0.0.1:1"];
+    for empty in ["", "  "] {
+        let args = parse(&[&base[..], &["--cluster-secret", empty]].concat()).unwrap().run;
+        let err = args.resolve(no_env).unwrap_err();
+        assert_eq!(err.flag, "--cluster-secret", "{empty:?}");
+    }
+    let args = parse(&[&base[..], &["--cluster-secret", "s3cret"]].concat()).unwrap().run;
+    assert!(args.resolve(no_env).is_ok());
+}
+
+#[test]
+fn node_id_falls_back_to_the_host_name() {
+    let args = parse(&["--database-url", "postgres://x", "--insecure-peer", "--peer-listen", "127.0.0.1:1"])
+        .unwrap()
+        .run;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_owned();
+    assert_eq!(args.resolve(no_env).unwrap().node_id, host);
+}
+
+#[test]
 fn migrate_is_a_subcommand_with_its_own_database_url() {
     // (That --database-url is required is checked on the real binary with a clean env.)
     let cli = parse(&["migrate", "--database-url", "postgres://y"]).expect("migrate parses");

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::{
     extract::State,
-    http::{header, StatusCode},
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -43,9 +43,9 @@ async fn readyz(State(app): State<Arc<Sidecar>>) -> Response {
     Json(json!({ "status": "ready" })).into_response()
 }
 
-async fn metrics(State(app): State<Arc<Sidecar>>) -> Response {
-    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    ([(header::CONTENT_TYPE, content_type)], app.metrics.encode()).into_response()
+/// OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text.
+async fn metrics(State(app): State<Arc<Sidecar>>, headers: HeaderMap) -> Response {
+    crate::metrics::exposition::respond(&headers, app.metrics.encode())
 }
 
 async fn leases(State(app): State<Arc<Sidecar>>) -> Response {

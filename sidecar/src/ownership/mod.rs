@@ -296,10 +296,14 @@ impl Ownership {
     }
 
     /// Release an idle session (the agent asked): claimable at once, no longer renewed.
-    /// `Ok(false)` if we did not hold it at that epoch.
+    /// `Ok(false)` if we did not hold it at that epoch. A repeated release (a DELETE
+    /// whose answer was lost) finds the row still ours at that epoch and succeeds again.
     pub async fn release(&self, key: &SessionKey, epoch: Epoch) -> Result<bool, store::Error> {
-        let Some(local) = self.local(key, epoch) else { return Ok(false) };
-        let released = self.store.release(key, &local.owner, epoch).await?;
+        let owner = match self.local(key, epoch) {
+            Some(local) => local.owner,
+            None => self.node().owner,
+        };
+        let released = self.store.release(key, &owner, epoch).await?;
         let mut table = self.table();
         if table.get(key).is_some_and(|e| e.epoch == epoch) {
             table.remove(key);

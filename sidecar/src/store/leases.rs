@@ -62,9 +62,12 @@ LEFT JOIN holder ON true
 "#;
 
 /// Release one idle session: it becomes claimable at once (next claim: epoch + 1).
+/// Idempotent: a row this owner already released at this epoch answers "done" again
+/// (no one has claimed it since, or the epoch would have moved on).
 const RELEASE_SQL: &str = r#"
-UPDATE agent_leases SET released = true, updated_at = now()
-WHERE agent_key = $1 AND owner = $2 AND epoch = $3 AND NOT released
+UPDATE agent_leases
+SET released = true, updated_at = CASE WHEN released THEN updated_at ELSE now() END
+WHERE agent_key = $1 AND owner = $2 AND epoch = $3
 "#;
 
 /// Read a session's lease and its owner's liveness; never writes.
@@ -193,8 +196,8 @@ impl LeaseStore {
         Err(Error::ClaimUnsettled { key: key.clone(), attempts: CLAIM_ATTEMPTS })
     }
 
-    /// Release one idle session. Returns false when the lease was no longer ours at
-    /// that epoch (nothing changed).
+    /// Release one idle session (again: idempotent). Returns false when the lease was
+    /// no longer ours at that epoch (nothing changed).
     pub async fn release(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<bool> {
         let done = sqlx::query(RELEASE_SQL)
             .bind(key.as_str())
