@@ -5,8 +5,9 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use leasehold_sidecar::client::Client;
 use leasehold_sidecar::forward::PeerAuth;
-use localcluster::{Cluster, ClusterOptions};
+use localcluster::{Cluster, ClusterOptions, Node};
 use rand::Rng;
 use serde_json::json;
 
@@ -200,6 +201,14 @@ async fn a_slow_client_is_cut_off_and_others_are_served_meanwhile() {
     );
 }
 
+/// Send turn `a` for `key` to node 0; the node that answered (the owner, epoch 1).
+async fn first_turn<'c>(cluster: &'c Cluster, client: &Client, key: &str) -> &'c Node {
+    let answer = client.post(&format!("/v1/sessions/{key}/turns"), r#"{"text":"a"}"#.into(), Some(0)).await;
+    let answer = answer.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(1)), "{:?}", answer.json());
+    cluster.node(answer.owner.as_deref().unwrap())
+}
+
 /// CONTRACT §5 `DELETE /v1/sessions/{key}/lease`: the idle session is claimable at once;
 /// a repeated DELETE (its answer lost) is done again; a stale epoch is `fenced`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,9 +217,7 @@ async fn an_idle_release_is_claimable_at_once_and_idempotent() {
     let db = support::database().await;
     let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
     let client = cluster.client();
-    let answer = client.post("/v1/sessions/idle-1/turns", r#"{"text":"a"}"#.into(), Some(0)).await.unwrap();
-    assert_eq!(answer.status, 200);
-    let owner = cluster.node(answer.owner.as_deref().unwrap());
+    let owner = first_turn(&cluster, &client, "idle-1").await;
     let http = reqwest::Client::new();
     let release = |epoch: i64| {
         http.delete(format!("{}/v1/sessions/idle-1/lease", owner.agent_api_url()))
@@ -247,9 +254,7 @@ async fn an_unreadable_checkpoint_fails_the_turn_and_is_kept() {
     let db = support::database().await;
     let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
     let client = cluster.client();
-    let answer = client.post("/v1/sessions/cp-1/turns", r#"{"text":"a"}"#.into(), Some(0)).await.unwrap();
-    assert_eq!(answer.status, 200);
-    let owner = cluster.node(answer.owner.as_deref().unwrap());
+    let owner = first_turn(&cluster, &client, "cp-1").await;
     let http = reqwest::Client::new();
     let checkpoint = format!("{}/v1/sessions/cp-1/checkpoint", owner.agent_api_url());
     let put = http.put(&checkpoint).header("leasehold-epoch", 1).body("not json").send().await.unwrap();
