@@ -140,8 +140,9 @@ impl Node {
         self.sidecar = Self::spawn_sidecar(&self.name, &self.sidecar_cmd, &self.log_dir);
     }
 
-    /// Wait until `/readyz` answers 200.
-    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+    /// Wait until `/readyz` answers 200; fails at once if the sidecar exited (e.g. its
+    /// port is taken), with the end of its log.
+    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let http = reqwest::Client::new();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -149,6 +150,12 @@ impl Node {
             if ready.is_ok_and(|r| r.status().is_success()) {
                 return Ok(());
             }
+            anyhow::ensure!(
+                self.sidecar.is_running(),
+                "{}'s sidecar exited before it was ready:\n{}",
+                self.name,
+                self.sidecar.log_tail(30)
+            );
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "{} not ready in {READY_TIMEOUT:?}:\n{}",
@@ -202,7 +209,7 @@ impl Cluster {
             let name = format!("node-{}", (b'a' + i as u8) as char);
             nodes.push(Self::spawn_node(&name, ip, database_url, &options, logs.path()));
         }
-        for node in &nodes {
+        for node in &mut nodes {
             node.wait_ready().await?;
         }
         Ok(Cluster { nodes, database_url: database_url.to_owned(), options, logs })

@@ -134,7 +134,7 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
 async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
     let _serial = support::serial().await;
     let pg = Postgres::start().unwrap();
-    let cluster = Cluster::start(pg.url(), ClusterOptions::default()).await.unwrap();
+    let mut cluster = Cluster::start(pg.url(), ClusterOptions::default()).await.unwrap();
     let key = "outage";
     let ok = cluster.client().turn(key, &turn("before")).await.unwrap();
     assert_eq!(ok.status, 200);
@@ -159,7 +159,7 @@ async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
     }
 
     pg.restart().unwrap();
-    for node in &cluster.nodes {
+    for node in &mut cluster.nodes {
         node.wait_ready().await.unwrap(); // the same processes recover
     }
     let answer = cluster.client().turn(key, &turn("after")).await.unwrap();
