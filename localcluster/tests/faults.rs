@@ -130,6 +130,48 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
     assert_eq!(answer.json().unwrap()["history_len"], 4);
 }
 
+/// A turn forwarded to an owner that freezes (its kernel still accepts the connection)
+/// ends with `502 owner_failed` once the owner's lease lapses — not after the forward's
+/// response timeout (minutes) — and the session is then taken over; nothing of the frozen
+/// owner lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(400),
+        ..Default::default()
+    };
+    let ttl = options.lease_ttl;
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "frozen";
+    let first = cluster
+        .client()
+        .post(&format!("/v1/sessions/{key}/turns"), turn("first").to_string().into(), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(first.owner.as_deref(), Some("node-a"));
+
+    cluster.nodes[0].pause();
+    let started = Instant::now();
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    let answer = others.turn(key, &turn("into the freeze")).await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(answer.status, 502, "{:?}", answer.json());
+    assert_eq!(answer.json().unwrap()["error"], "owner_failed");
+    assert!(answer.directives.is_empty(), "no directive: it may have run");
+    // Bounded by the lease (plus a check and scheduling), far below the 300 s timeout.
+    assert!(waited < ttl * 3 + SLACK, "waited {waited:?}");
+
+    // The next turn is taken over by a node that is awake; the frozen owner's turn never ran.
+    let answer = others.turn(key, &turn("after")).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    cluster.nodes[0].resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(support::history(&db, key).await, ["first", "after"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
     let _serial = support::serial().await;

@@ -35,6 +35,12 @@ pub enum Reply {
 /// Peer refusals that mean "not here": nothing ran, the session may have moved.
 const MOVED_CODES: [&str; 2] = ["draining", "owner_unreachable"];
 
+/// While a forwarded turn waits for its answer, the owner's lease is read again just
+/// after it would lapse without a renewal; this much later, so a renewal in flight counts.
+const OWNER_CHECK_SLACK: Duration = Duration::from_millis(200);
+/// Read again this soon when the lease store could not be read.
+const OWNER_CHECK_RETRY: Duration = Duration::from_secs(1);
+
 /// The outcome of one hop.
 #[derive(Debug)]
 enum Hop {
@@ -98,9 +104,39 @@ impl TurnRouter {
         self.refuse("none", Refusal::Draining { drain_timeout: self.drain_timeout })
     }
 
+    /// Resolves once `holder` can no longer be serving `key`: its node lease lapsed
+    /// (frozen, partitioned from the store, dead) or the session moved. A frozen process
+    /// still accepts connections in its kernel, so without this a turn forwarded to it
+    /// would wait for the response timeout. Costs one read per lease period, only while
+    /// a forwarded turn is waiting.
+    async fn owner_gone(&self, key: &crate::key::SessionKey, holder: &Holder) {
+        let mut wait = holder.remaining + OWNER_CHECK_SLACK;
+        loop {
+            tokio::time::sleep(wait).await;
+            wait = match self.ownership.store().lookup(key).await {
+                Ok(info) => match info.holder {
+                    Some(now) if now.owner == holder.owner => now.remaining + OWNER_CHECK_SLACK,
+                    _ => return,
+                },
+                Err(_) => OWNER_CHECK_RETRY,
+            };
+        }
+    }
+
     /// One hop to `holder`: its answer, or why we should re-resolve.
     async fn hop(&self, turn: &Turn, holder: &Holder) -> Hop {
-        let response = match self.forwarder.forward(&holder.peer_addr, turn).await {
+        let forwarded = tokio::select! {
+            forwarded = self.forwarder.forward(&holder.peer_addr, turn) => forwarded,
+            () = self.owner_gone(&turn.key, holder) => {
+                // It may have run (and may still finish; the fence stops its writes once
+                // another node takes over): `owner_failed`, and forget that holder.
+                tracing::warn!(key = %turn.key, owner = %holder.owner, "owner's lease lapsed while a forwarded turn waited");
+                self.ownership.forget_holder(&holder.owner);
+                self.metrics.turn("forwarded", "owner_failed");
+                return Hop::Answered(Reply::OwnerFailed);
+            }
+        };
+        let response = match forwarded {
             Ok(response) => response,
             Err(ForwardError::Failed { addr, source }) => {
                 tracing::warn!(%addr, error = %source, "forward failed after sending");
