@@ -16,6 +16,27 @@ fn turn(text: &str) -> serde_json::Value {
     json!({ "text": text, "tokens": 2 })
 }
 
+/// Three nodes with a 2 s lease (renewed every 400 ms), for the freeze tests; and the TTL.
+async fn short_leases(db: &str) -> (Cluster, Duration) {
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(400),
+        ..Default::default()
+    };
+    let ttl = options.lease_ttl;
+    (Cluster::start(db, options).await.unwrap(), ttl)
+}
+
+/// Turn `text` for `key`, sent to node-a, which becomes (or stays) the owner.
+async fn turn_on_node_a(cluster: &Cluster, key: &str, text: &str) {
+    let first = cluster
+        .client()
+        .post(&format!("/v1/sessions/{key}/turns"), turn(text).to_string().into(), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(first.owner.as_deref(), Some("node-a"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
     let _serial = support::serial().await;
@@ -68,21 +89,10 @@ async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
 async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let options = ClusterOptions {
-        lease_ttl: Duration::from_secs(2),
-        heartbeat: Duration::from_millis(400),
-        ..Default::default()
-    };
-    let ttl = options.lease_ttl;
-    let cluster = Cluster::start(&db, options).await.unwrap();
+    let (cluster, ttl) = short_leases(&db).await;
     let key = "paused";
     let a = &cluster.nodes[0];
-    let first = cluster
-        .client()
-        .post(&format!("/v1/sessions/{key}/turns"), turn("first").to_string().into(), Some(0))
-        .await
-        .unwrap();
-    assert_eq!(first.owner.as_deref(), Some("node-a"));
+    turn_on_node_a(&cluster, key, "first").await;
 
     // A long turn starts on node-a; the whole pod freezes in the middle of it.
     let zombie = tokio::spawn({
@@ -138,20 +148,9 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
 async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let options = ClusterOptions {
-        lease_ttl: Duration::from_secs(2),
-        heartbeat: Duration::from_millis(400),
-        ..Default::default()
-    };
-    let ttl = options.lease_ttl;
-    let cluster = Cluster::start(&db, options).await.unwrap();
+    let (cluster, ttl) = short_leases(&db).await;
     let key = "frozen";
-    let first = cluster
-        .client()
-        .post(&format!("/v1/sessions/{key}/turns"), turn("first").to_string().into(), Some(0))
-        .await
-        .unwrap();
-    assert_eq!(first.owner.as_deref(), Some("node-a"));
+    turn_on_node_a(&cluster, key, "first").await;
 
     cluster.nodes[0].pause();
     let started = Instant::now();
@@ -222,12 +221,7 @@ async fn a_container_restart_frees_the_earlier_boots_sessions_at_once() {
     let mut cluster = Cluster::start(&db, options).await.unwrap();
     let keys: Vec<String> = (0..3).map(|i| format!("restart-{i}")).collect();
     for key in &keys {
-        let answer = cluster
-            .client()
-            .post(&format!("/v1/sessions/{key}/turns"), turn("before").to_string().into(), Some(0))
-            .await
-            .unwrap();
-        assert_eq!(answer.owner.as_deref(), Some("node-a"));
+        turn_on_node_a(&cluster, key, "before").await;
     }
     let restarted = Instant::now();
     cluster.nodes[0].restart_sidecar();
