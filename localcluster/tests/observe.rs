@@ -175,6 +175,31 @@ async fn a_stream_with_no_owner_stays_open_and_says_idle() {
     assert_eq!(strictly_increasing(&observer.ids()), [(1, 1), (1, 2), (1, 3)]);
 }
 
+/// An observer that joins while the session is idle (released) sees the next owner's
+/// turn live, and nothing of the turns that ended before it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_observer_joining_an_idle_session_gets_only_what_comes_after() {
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions { nodes: 2, ..Default::default() }).await.unwrap();
+    let key = "idle-then-busy";
+    // An observer on the owner keeps its buffer of the old turns alive.
+    let _on_owner = Observer::open(&stream_url(&cluster, 0, key), None).await.unwrap();
+    turn_at(&cluster, 0, key, json!({ "text": "old-1", "tokens": 2 })).await;
+    turn_at(&cluster, 0, key, json!({ "text": "old-2", "tokens": 2 })).await;
+    let released = reqwest::Client::new()
+        .delete(format!("{}/v1/sessions/{key}/lease", cluster.nodes[0].agent_api_url()))
+        .header("leasehold-epoch", 1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 204);
+    let mut observer = Observer::open(&stream_url(&cluster, 1, key), None).await.unwrap();
+    observer.until(WAIT, |f| f.event.as_deref() == Some("idle")).await.unwrap();
+    turn_at(&cluster, 0, key, json!({ "text": "new", "tokens": 1 })).await;
+    observer.until(WAIT, is_finished(3)).await.unwrap();
+    assert_eq!(strictly_increasing(&observer.ids()), [(2, 1), (2, 2), (2, 3)], "{:?}", observer.seen);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resuming_with_last_event_id_and_bad_ids() {
     let db = support::database().await;

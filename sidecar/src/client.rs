@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::{
     directive::RefusalBody,
-    dispatch::{EPOCH_HEADER, OWNER_HEADER},
+    dispatch::{EPOCH_HEADER, OWNER_HEADER, TURN_ID_HEADER},
 };
 
 /// A request that cannot even connect within this is treated as a node that is down.
@@ -93,12 +93,15 @@ impl Client {
         let mut directives = Vec::new();
         let mut node = first.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % self.nodes.len();
         let mut refused_connections = 0;
+        // One id for every attempt: an agent can tell a re-sent turn from a new one.
+        let turn_id = uuid::Uuid::new_v4().to_string();
         loop {
             let url = format!("{}{path}", self.nodes[node]);
             let sent = self
                 .http
                 .post(url)
                 .header("content-type", "application/json")
+                .header(TURN_ID_HEADER, &turn_id)
                 .body(body.clone())
                 .send()
                 .await;
@@ -141,5 +144,53 @@ impl Client {
         let url = format!("{}/v1/sessions/{key}", self.nodes[node % self.nodes.len()]);
         let response = self.http.get(url).send().await.map_err(ClientError::Http)?;
         response.json().await.map_err(ClientError::Http)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::{http::HeaderMap, routing::post, Router};
+
+    use super::*;
+
+    /// Refuses the first request with a `draining` directive, answers the next; records
+    /// the turn id of each.
+    async fn refuse_once() -> (String, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let app = Router::new().route(
+            "/v1/sessions/{key}/turns",
+            post(move |headers: HeaderMap| {
+                let log = log.clone();
+                async move {
+                    let id = headers.get(TURN_ID_HEADER).map(|v| v.to_str().unwrap().to_owned());
+                    let mut log = log.lock().unwrap();
+                    log.push(id.unwrap_or_default());
+                    if log.len() == 1 {
+                        let body = r#"{"error":"draining","retry":{"delay_ms":1,"budget_ms":5000}}"#;
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body)
+                    } else {
+                        (axum::http::StatusCode::OK, "{}")
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn a_retried_turn_keeps_its_turn_id() {
+        let (url, seen) = refuse_once().await;
+        let answer = Client::new(vec![url]).turn("k", &serde_json::json!({})).await.unwrap();
+        assert_eq!((answer.status, answer.directives.clone()), (200, vec!["draining".to_owned()]));
+        let ids = seen.lock().unwrap().clone();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids[0], ids[1], "the retry carries the first attempt's id");
+        assert!(uuid::Uuid::parse_str(&ids[0]).is_ok(), "{ids:?}");
     }
 }

@@ -50,8 +50,8 @@ impl Follow {
                 return;
             }
             changes.borrow_and_update();
-            let holder = match self.ownership.store().lookup(&key).await {
-                Ok(info) => info.holder,
+            let (holder, epoch) = match self.ownership.store().lookup(&key).await {
+                Ok(info) => (info.holder, info.epoch),
                 Err(e) => {
                     tracing::debug!(%key, error = %e, "follower cannot read the lease");
                     wait(&mut changes, RETRY).await;
@@ -60,7 +60,7 @@ impl Follow {
             };
             match holder {
                 None => {
-                    self.hubs.set_idle(&key);
+                    self.hubs.set_idle(&key, epoch);
                     wait(&mut changes, RECHECK).await;
                 }
                 // We own it: our agent's publishes feed the hub directly.

@@ -262,8 +262,15 @@ impl Hubs {
     }
 
     /// Announce `idle` once per idle period (nothing to backfill either: primed).
-    pub(crate) fn set_idle(&self, key: &SessionKey) {
+    /// `ended` is the latest epoch granted, now not live: nothing of it or before may
+    /// reach an observer any more (a later owner's backfill would otherwise deliver
+    /// turns that ended before the observer came, as if live).
+    pub(crate) fn set_idle(&self, key: &SessionKey, ended: Option<Epoch>) {
         self.with(key, |hub| {
+            if let Some(epoch) = ended {
+                let floor = EventId { epoch, seq: u64::MAX };
+                hub.last = hub.last.max(Some(floor));
+            }
             hub.mark_primed();
             if !std::mem::replace(&mut hub.idle, true) {
                 let _ = hub.tx.send(Message::Idle);

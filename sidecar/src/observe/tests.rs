@@ -62,14 +62,27 @@ fn the_first_observer_starts_a_follower_and_the_last_lets_it_go() {
 fn idle_is_announced_once_until_an_event_arrives() {
     let hubs = Hubs::default();
     let mut live = hubs.subscribe(&key(), None).live;
-    hubs.set_idle(&key());
-    hubs.set_idle(&key());
+    hubs.set_idle(&key(), None);
+    hubs.set_idle(&key(), None);
     assert!(hubs.subscribe(&key(), None).idle);
     hubs.publish(&key(), Epoch(1), "turn_started", "{}");
     assert!(!hubs.subscribe(&key(), None).idle);
     assert!(matches!(live.try_recv(), Ok(Message::Primed)), "no owner: nothing to backfill");
     assert!(matches!(live.try_recv(), Ok(Message::Idle)));
     assert!(matches!(live.try_recv(), Ok(Message::Event(_))));
+}
+
+#[test]
+fn nothing_of_an_ended_epoch_is_taken_after_idle() {
+    let hubs = Hubs::default();
+    let event = |id: &str| Event::new(EventId::parse(id).unwrap(), "token", "{}");
+    assert!(hubs.ingest(&key(), event("1-3")));
+    hubs.set_idle(&key(), Some(Epoch(1)));
+    let mut live = hubs.subscribe(&key(), None).live;
+    assert!(!hubs.ingest(&key(), event("1-4")), "epoch 1 ended before the idle");
+    assert!(hubs.ingest(&key(), event("2-1")), "the next owner's events pass");
+    assert!(matches!(live.try_recv(), Ok(Message::Event(e)) if e.id == EventId::parse("2-1").unwrap()));
+    assert_eq!(hubs.publish(&key(), Epoch(3), "turn_started", "{}"), EventId::parse("3-1").unwrap());
 }
 
 #[test]
