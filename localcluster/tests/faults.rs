@@ -171,6 +171,46 @@ async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
     assert_eq!(support::history(&db, key).await, ["first", "after"]);
 }
 
+/// A turn whose checkpoint landed before its owner's sidecar froze is not answered with
+/// a `fenced` directive (a client would send it again and it would be in the history
+/// twice): it is acknowledged or `502 owner_failed`, never retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/hold_agent.py");
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(400),
+        agent_command: Some((agent, Vec::new())),
+        ..Default::default()
+    };
+    let ttl = options.lease_ttl;
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "landed";
+    turn_on_node_a(&cluster, key, "first").await;
+
+    // The agent checkpoints at once, then holds its answer for 6 s; the sidecar freezes.
+    let url = format!("{}/v1/sessions/{key}/turns", cluster.nodes[0].public_url());
+    let held = tokio::spawn(async move {
+        let body = json!({ "text": "landed", "hold_ms": 6000 }).to_string();
+        let response = reqwest::Client::new().post(url).body(body).send().await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.nodes[0].sidecar.pause();
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    let answer = others.turn(key, &turn("after")).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    cluster.nodes[0].sidecar.resume(); // it finds its lease lost and halts the held turn
+
+    let (status, body) = tokio::time::timeout(Duration::from_secs(20), held).await.unwrap().unwrap();
+    assert!(!body.contains("\"fenced\""), "no retry directive for a turn that landed: {status} {body}");
+    assert!(status == 200 || (status == 502 && body.contains("owner_failed")), "{status} {body}");
+    assert_eq!(support::history(&db, key).await, ["first", "landed", "after"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
     let _serial = support::serial().await;

@@ -65,7 +65,9 @@ impl AgentApi {
         store
             .put_checkpoint(key, &lease.owner, epoch, data)
             .await
-            .map_err(|e| self.store_error(key, epoch, e))
+            .map_err(|e| self.store_error(key, epoch, e))?;
+        lease.landed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     /// Publish an event to every observer, after the same lease check as a checkpoint.

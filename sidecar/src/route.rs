@@ -214,12 +214,25 @@ impl TurnRouter {
         }
     }
 
+    /// A turn halted because ownership moved: `fenced` (the next owner serves it) if
+    /// nothing of it landed; if a checkpoint landed meanwhile it may be in the history
+    /// already, so `owner_failed` (never retried) instead of a directive that would
+    /// run it twice.
+    fn halted(&self, lease: &LocalLease, landed_before: u64) -> Reply {
+        if lease.landed.load(std::sync::atomic::Ordering::SeqCst) == landed_before {
+            return self.refuse("local", Refusal::Fenced { ttl: self.ttl });
+        }
+        tracing::warn!(key = %lease.key, epoch = %lease.epoch, "turn halted after its checkpoint landed");
+        self.metrics.turn("local", "owner_failed");
+        Reply::OwnerFailed
+    }
+
     /// Dispatch to our agent. Halted at once if the session is stood down meanwhile.
     async fn run_local(&self, turn: Turn, lease: LocalLease, guard: InFlightGuard) -> Reply {
-        let fenced = Refusal::Fenced { ttl: self.ttl };
+        let landed = lease.landed.load(std::sync::atomic::Ordering::SeqCst);
         let response = tokio::select! {
             response = self.agent.dispatch(&turn, lease.epoch) => response,
-            _ = lease.halt.cancelled() => return self.refuse("local", fenced),
+            _ = lease.halt.cancelled() => return self.halted(&lease, landed),
         };
         match response {
             Err(e) if e.is_connect() => self.refuse("local", Refusal::AgentUnavailable),
@@ -231,11 +244,11 @@ impl TurnRouter {
             // The agent hit the fence: the next owner will serve the turn.
             Ok(r) if r.status() == http::StatusCode::CONFLICT => {
                 self.ownership.stand_down(&turn.key, lease.epoch, StandDownReason::Fenced);
-                self.refuse("local", fenced)
+                self.halted(&lease, landed)
             }
             Ok(response) if lease.halt.is_cancelled() => {
                 drop(response);
-                self.refuse("local", fenced)
+                self.halted(&lease, landed)
             }
             Ok(response) => {
                 self.metrics.turn("local", status_label(response.status()));

@@ -12,7 +12,7 @@ pub use holders::MAX_TRUST as HOLDER_MAX_TRUST;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{atomic::AtomicU64, Arc, Mutex},
     time::Duration,
 };
 
@@ -37,6 +37,9 @@ pub struct LocalLease {
     pub epoch: Epoch,
     /// Cancelled when the session is stood down: in-flight work must halt.
     pub halt: CancellationToken,
+    /// Checkpoints that landed at this epoch from this node: a halted turn after one of
+    /// them may have landed, so it is not retried.
+    pub landed: Arc<AtomicU64>,
 }
 
 /// Where a session runs.
@@ -81,6 +84,19 @@ struct Entry {
     owner: Owner,
     epoch: Epoch,
     halt: CancellationToken,
+    landed: Arc<AtomicU64>,
+}
+
+impl Entry {
+    fn lease(&self, key: &SessionKey) -> LocalLease {
+        LocalLease {
+            key: key.clone(),
+            owner: self.owner.clone(),
+            epoch: self.epoch,
+            halt: self.halt.clone(),
+            landed: self.landed.clone(),
+        }
+    }
 }
 
 /// The sessions this process holds, and the way to resolve any other.
@@ -131,13 +147,7 @@ impl Ownership {
             return None;
         }
         let table = self.table();
-        let entry = table.get(key).filter(|e| e.owner == node.owner)?;
-        Some(LocalLease {
-            key: key.clone(),
-            owner: entry.owner.clone(),
-            epoch: entry.epoch,
-            halt: entry.halt.clone(),
-        })
+        table.get(key).filter(|e| e.owner == node.owner).map(|e| e.lease(key))
     }
 
     /// Resolve the owner of `key`: claim unless the fast path applies (we hold it, or we
@@ -198,24 +208,24 @@ impl Ownership {
         let mut table = self.table();
         if let Some(entry) = table.get(key) {
             if entry.owner == owner && entry.epoch == epoch {
-                return LocalLease { key: key.clone(), owner, epoch, halt: entry.halt.clone() };
+                return entry.lease(key);
             }
         }
-        let halt = CancellationToken::new();
-        let old = table.insert(key.clone(), Entry { owner: owner.clone(), epoch, halt: halt.clone() });
+        let entry = Entry { owner, epoch, halt: CancellationToken::new(), landed: Arc::default() };
+        let lease = entry.lease(key);
+        let old = table.insert(key.clone(), entry);
         self.metrics.set_leases_held(table.len());
         drop(table);
         if let Some(old) = old {
             self.halt(key, old, StandDownReason::LeaseLost);
         }
-        LocalLease { key: key.clone(), owner, epoch, halt }
+        lease
     }
 
     /// The local lease for an agent write at `epoch`, if we hold exactly that.
     pub fn local(&self, key: &SessionKey, epoch: Epoch) -> Option<LocalLease> {
         let table = self.table();
-        let entry = table.get(key).filter(|e| e.epoch == epoch)?;
-        Some(LocalLease { key: key.clone(), owner: entry.owner.clone(), epoch, halt: entry.halt.clone() })
+        table.get(key).filter(|e| e.epoch == epoch).map(|e| e.lease(key))
     }
 
     /// Stand a session down if we still hold it at `epoch` (a fenced write).

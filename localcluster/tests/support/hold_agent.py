@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""A minimal agent for one fault test: thaws, appends the turn's text, checkpoints through
+the sidecar, then holds the answer for the turn's `hold_ms` (a turn whose write landed
+before its pod froze). Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
+on the same IP, port 18082)."""
+import http.server
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+listen = sys.argv[sys.argv.index("--listen") + 1]
+host, port = listen.rsplit(":", 1)
+sidecar = f"http://{host}:18082"
+
+
+class Agent(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        parts = self.path.strip("/").split("/")  # sessions/{key}/turns
+        if len(parts) != 3 or parts[2] != "turns":
+            return self.answer(200, {})  # stand-down and the rest: nothing to hold
+        key, epoch = parts[1], self.headers["leasehold-epoch"]
+        turn = json.loads(raw or b"{}")
+        url = f"{sidecar}/v1/sessions/{key}/checkpoint"
+        try:
+            with urllib.request.urlopen(url) as r:
+                history = json.load(r)["history"]
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                return self.answer(502, {"error": "thaw_failed"})
+            history = []
+        history.append(turn.get("text", ""))
+        put = urllib.request.Request(
+            url, data=json.dumps({"history": history}).encode(), method="PUT", headers={"leasehold-epoch": epoch}
+        )
+        try:
+            urllib.request.urlopen(put).read()
+        except urllib.error.HTTPError:
+            return self.answer(409, {"error": "fenced"})
+        time.sleep(turn.get("hold_ms", 0) / 1000)
+        self.answer(200, {"history_len": len(history), "epoch": int(epoch)})
+
+
+http.server.ThreadingHTTPServer((host, int(port)), Agent).serve_forever()
