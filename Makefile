@@ -13,7 +13,7 @@ deps: ## install what the build and tests need (idempotent, fast when done)
 demo: deps build ## the whole system locally: Postgres, 3 sidecars + 3 demo agents, a narrated walk-through
 	./target/debug/leasehold-demo
 
-build: ## build every binary (sidecar, demo agent, demo)
+build: ## build every binary (sidecar, operator, demo agent, demo, crdgen)
 	cargo build --workspace --bins --locked
 
 test: ## the whole suite: test-unit, then e2e (what CI runs)
