@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use leasehold_sidecar::client::Client;
 use localcluster::{Cluster, ClusterOptions, Postgres};
 use serde_json::json;
+use tokio::task::JoinHandle;
 
 /// Slack on recovery bounds for scheduling on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
@@ -35,6 +36,16 @@ async fn turn_on_node_a(cluster: &Cluster, key: &str, text: &str) {
         .await
         .unwrap();
     assert_eq!(first.owner.as_deref(), Some("node-a"));
+}
+
+/// Send `body` as a turn for `key` straight to node-a's public port, in the background,
+/// without the client library (no directive is obeyed): its status and body.
+fn post_on_node_a(cluster: &Cluster, key: &str, body: serde_json::Value) -> JoinHandle<(u16, String)> {
+    let url = format!("{}/v1/sessions/{key}/turns", cluster.nodes[0].public_url());
+    tokio::spawn(async move {
+        let response = reqwest::Client::new().post(url).body(body.to_string()).send().await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap_or_default())
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -95,15 +106,7 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
     turn_on_node_a(&cluster, key, "first").await;
 
     // A long turn starts on node-a; the whole pod freezes in the middle of it.
-    let zombie = tokio::spawn({
-        let url = format!("{}/v1/sessions/{key}/turns", a.public_url());
-        async move {
-            let body = json!({ "text": "zombie", "think_ms": 1500, "tokens": 5 }).to_string();
-            let response = reqwest::Client::new().post(url).body(body).send().await?;
-            let status = response.status().as_u16();
-            Ok::<_, reqwest::Error>((status, response.text().await.unwrap_or_default()))
-        }
-    });
+    let zombie = post_on_node_a(&cluster, key, json!({ "text": "zombie", "think_ms": 1500, "tokens": 5 }));
     tokio::time::sleep(Duration::from_millis(400)).await;
     a.pause();
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
@@ -117,8 +120,7 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
     }
 
     a.resume();
-    let (status, body) =
-        tokio::time::timeout(Duration::from_secs(20), zombie).await.unwrap().unwrap().unwrap();
+    let (status, body) = tokio::time::timeout(Duration::from_secs(20), zombie).await.unwrap().unwrap();
     assert_ne!(status, 200, "the paused turn must not be acknowledged: {body}");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("\"fenced\""), "{body}");
@@ -191,12 +193,7 @@ async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
     turn_on_node_a(&cluster, key, "first").await;
 
     // The agent checkpoints at once, then holds its answer for 6 s; the sidecar freezes.
-    let url = format!("{}/v1/sessions/{key}/turns", cluster.nodes[0].public_url());
-    let held = tokio::spawn(async move {
-        let body = json!({ "text": "landed", "hold_ms": 6000 }).to_string();
-        let response = reqwest::Client::new().post(url).body(body).send().await.unwrap();
-        (response.status().as_u16(), response.text().await.unwrap())
-    });
+    let held = post_on_node_a(&cluster, key, json!({ "text": "landed", "hold_ms": 6000 }));
     tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.nodes[0].sidecar.pause();
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
