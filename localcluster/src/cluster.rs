@@ -66,6 +66,9 @@ pub struct ClusterOptions {
     /// The agent to run instead of the demo agent: program, arguments and environment;
     /// `--listen <ip:port>` is appended.
     pub agent_command: Option<(PathBuf, Vec<(String, String)>)>,
+    /// Per node (by index), a database URL to use instead of the cluster's: the same
+    /// database reached another way, e.g. through a [`crate::Link`] a test can cut.
+    pub database_urls: Vec<Option<String>>,
 }
 
 impl Default for ClusterOptions {
@@ -78,6 +81,7 @@ impl Default for ClusterOptions {
             cluster_secret: Some(format!("secret-{}", uuid::Uuid::new_v4().simple())),
             ips: None,
             agent_command: None,
+            database_urls: Vec::new(),
         }
     }
 }
@@ -207,7 +211,9 @@ impl Cluster {
         for i in 0..options.nodes {
             let ip = options.ips.as_ref().map_or_else(next_ip, |ips| ips[i]);
             let name = format!("node-{}", (b'a' + i as u8) as char);
-            nodes.push(Self::spawn_node(&name, ip, database_url, &options, logs.path()));
+            let url = options.database_urls.get(i).cloned().flatten();
+            let url = url.as_deref().unwrap_or(database_url);
+            nodes.push(Self::spawn_node(&name, ip, url, &options, logs.path()));
         }
         for node in &mut nodes {
             node.wait_ready().await?;

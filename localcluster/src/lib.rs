@@ -4,12 +4,14 @@
 
 pub mod bare_proxy;
 pub mod cluster;
+pub mod link;
 pub mod observer;
 pub mod postgres;
 pub mod process;
 pub mod trivial_agent;
 
 pub use cluster::{Cluster, ClusterOptions, Node};
+pub use link::Link;
 pub use observer::Observer;
 pub use postgres::Postgres;
 pub use process::Proc;

@@ -48,6 +48,21 @@ fn post_on_node_a(cluster: &Cluster, key: &str, body: serde_json::Value) -> Join
     })
 }
 
+/// The agent whose only database write of a turn is its checkpoint (tests/support).
+fn hold_agent() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/hold_agent.py")
+}
+
+/// A background request's status, body, and when its answer came.
+type Answered = JoinHandle<(u16, String, Instant)>;
+
+fn timed(request: JoinHandle<(u16, String)>) -> Answered {
+    tokio::spawn(async move {
+        let (status, body) = request.await.unwrap();
+        (status, body, Instant::now())
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
     let _serial = support::serial().await;
@@ -180,11 +195,10 @@ async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
 async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/hold_agent.py");
     let options = ClusterOptions {
         lease_ttl: Duration::from_secs(2),
         heartbeat: Duration::from_millis(400),
-        agent_command: Some((agent, Vec::new())),
+        agent_command: Some((hold_agent(), Vec::new())),
         ..Default::default()
     };
     let ttl = options.lease_ttl;
@@ -277,4 +291,79 @@ async fn a_container_restart_frees_the_earlier_boots_sessions_at_once() {
         assert_eq!(support::history(&db, key).await, ["before", "after"]);
     }
     assert!(restarted.elapsed() < Duration::from_secs(30), "served well within the TTL");
+}
+
+/// A partition between an owner and the lease store (a link that holds every byte, so
+/// node-a's statements hang rather than fail). Node-a steps back when its node lease is no
+/// longer certainly live, before anyone can take over: a turn whose checkpoint is held in
+/// the partition is answered `502 owner_failed` (it may still land), one that wrote
+/// nothing `503 fenced`; a turn sent to node-a meanwhile gets a directive, not a hang.
+/// The other nodes take over after the TTL; when the link heals, the held checkpoint
+/// arrives and is fenced, and node-a serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_late_write_is_fenced() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let link = localcluster::Link::to_database(&db).await.unwrap();
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(400),
+        agent_command: Some((hold_agent(), Vec::new())),
+        database_urls: vec![Some(link.database_url(&db))],
+        ..Default::default()
+    };
+    let ttl = options.lease_ttl;
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let (writing, thinking) = ("cut-writing", "cut-thinking");
+    turn_on_node_a(&cluster, writing, "first").await;
+    turn_on_node_a(&cluster, thinking, "first").await;
+
+    // Both turns thaw before the cut; one checkpoints during it, one would after node-a's
+    // node lease stopped being certainly live.
+    let held = timed(post_on_node_a(&cluster, writing, json!({ "text": "held", "think_ms": 800 })));
+    let halted = timed(post_on_node_a(&cluster, thinking, json!({ "text": "halted", "think_ms": 4000 })));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    link.cut();
+    let cut = Instant::now();
+    let direct = timed(post_on_node_a(&cluster, "cut-new", turn("direct")));
+
+    // The other nodes take over once node-a's node lease expired in the database.
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    let answer = others.turn(thinking, &turn("after")).await.unwrap();
+    let took_over = Instant::now();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    assert_ne!(answer.owner.as_deref(), Some("node-a"));
+    assert!(took_over - cut <= ttl + SLACK, "taken over {:?} after the cut", took_over - cut);
+
+    let (status, body, answered) = held.await.unwrap();
+    assert_eq!(status, 502, "a turn whose write is in the partition may still land: {body}");
+    assert!(body.contains("owner_failed"), "{body}");
+    assert!(answered < took_over, "node-a stepped back before the takeover");
+    let (status, body, answered) = halted.await.unwrap();
+    assert_eq!(status, 503, "nothing written: the client may send it again: {body}");
+    assert!(body.contains("\"fenced\""), "{body}");
+    assert!(answered < took_over, "node-a stepped back before the takeover");
+    let (status, body, answered) = direct.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("store_unavailable") && body.contains("delay_ms"), "{body}");
+    assert!(answered - cut <= Duration::from_secs(8), "refused, not hung: {:?}", answered - cut);
+    let answer = others.turn(writing, &turn("after")).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+
+    // The partition heals: the held checkpoint (epoch 1) arrives after the takeover.
+    link.mend();
+    cluster.nodes[0].wait_ready().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(support::history(&db, writing).await, ["first", "after"], "the late write was fenced");
+    let fenced = cluster.nodes[0].metric("leasehold_fenced_writes_total", "").await;
+    assert!(fenced >= 1.0, "the held checkpoint arrived and the fence refused it: {fenced}");
+    assert_eq!(support::history(&db, thinking).await, ["first", "after"]);
+    let lapsed = cluster.nodes[0].metric("leasehold_stand_downs_total", "reason=\"lapsed\"").await;
+    assert!(lapsed >= 2.0, "node-a stood both sessions down when its lease lapsed: {lapsed}");
+    let via_a = Client::new(vec![cluster.nodes[0].public_url()]);
+    for key in [writing, thinking] {
+        let answer = via_a.turn(key, &turn("later")).await.unwrap();
+        assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{key}: {:?}", answer.json());
+        assert_eq!(support::history(&db, key).await, ["first", "after", "later"]);
+    }
 }

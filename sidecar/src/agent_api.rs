@@ -1,7 +1,7 @@
 //! The agent API (CONTRACT §5): thaw, fenced checkpoint, fenced publish, idle release.
 //! Every write carries the epoch the turn was dispatched with.
 
-use std::sync::Arc;
+use std::sync::{atomic::Ordering, Arc};
 
 use serde_json::value::RawValue;
 
@@ -61,13 +61,14 @@ impl AgentApi {
         let Some(lease) = self.ownership.local(key, epoch) else {
             return Err(self.fenced(key, epoch));
         };
-        let store = self.ownership.store();
-        store
-            .put_checkpoint(key, &lease.owner, epoch, data)
-            .await
-            .map_err(|e| self.store_error(key, epoch, e))?;
-        lease.landed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Ok(())
+        // Counted before it is sent: once on the wire it may land even if we never hear
+        // back (a timeout in a partition); only the fence's refusal says it did not.
+        lease.landed.fetch_add(1, Ordering::SeqCst);
+        let written = self.ownership.store().put_checkpoint(key, &lease.owner, epoch, data).await;
+        if let Err(store::Error::Fenced { .. }) = written {
+            lease.landed.fetch_sub(1, Ordering::SeqCst);
+        }
+        written.map_err(|e| self.store_error(key, epoch, e))
     }
 
     /// Publish an event to every observer, after the same lease check as a checkpoint.

@@ -214,15 +214,15 @@ impl TurnRouter {
         }
     }
 
-    /// A turn halted because ownership moved: `fenced` (the next owner serves it) if
-    /// nothing of it landed; if a checkpoint landed meanwhile it may be in the history
-    /// already, so `owner_failed` (never retried) instead of a directive that would
-    /// run it twice.
+    /// A turn halted because ownership moved (or may have): `fenced` (the next owner
+    /// serves it) if nothing of it was written; if a checkpoint was sent meanwhile it may
+    /// be in the history already, so `owner_failed` (never retried) instead of a
+    /// directive that would run it twice.
     fn halted(&self, lease: &LocalLease, landed_before: u64) -> Reply {
         if lease.landed.load(std::sync::atomic::Ordering::SeqCst) == landed_before {
             return self.refuse("local", Refusal::Fenced { ttl: self.ttl });
         }
-        tracing::warn!(key = %lease.key, epoch = %lease.epoch, "turn halted after its checkpoint landed");
+        tracing::warn!(key = %lease.key, epoch = %lease.epoch, "turn halted after a checkpoint was sent: it may have landed");
         self.metrics.turn("local", "owner_failed");
         Reply::OwnerFailed
     }

@@ -130,6 +130,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let (app, stood_down) = Sidecar::new(&config, store, &heartbeat);
     tokio::spawn(notify_stand_downs(Agent::new(&config.args.agent_url), app.hubs.clone(), stood_down));
     tokio::spawn(watch_ownership(app.clone()));
+    tokio::spawn(app.ownership.clone().watch_lapse());
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(app.clone().serve(listeners, shutdown.clone()));
     tracing::info!(node_id = %config.node_id, peer = %config.advertise_peer_addr, "ready to serve");

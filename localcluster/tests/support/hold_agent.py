@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A minimal agent for one fault test: thaws, appends the turn's text, checkpoints through
-the sidecar, then holds the answer for the turn's `hold_ms` (a turn whose write landed
-before its pod froze). Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
+"""A minimal agent for fault tests: thaws, thinks for the turn's `think_ms`, appends the
+turn's text, checkpoints through the sidecar, then holds the answer for the turn's
+`hold_ms` (a turn whose write landed before its pod froze). No events, so the only
+database write of a turn is its checkpoint. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
 on the same IP, port 18082)."""
 import http.server
 import json
@@ -42,6 +43,7 @@ class Agent(http.server.BaseHTTPRequestHandler):
             if e.code != 404:
                 return self.answer(502, {"error": "thaw_failed"})
             history = []
+        time.sleep(turn.get("think_ms", 0) / 1000)
         history.append(turn.get("text", ""))
         put = urllib.request.Request(
             url, data=json.dumps({"history": history}).encode(), method="PUT", headers={"leasehold-epoch": epoch}

@@ -37,8 +37,9 @@ pub struct LocalLease {
     pub epoch: Epoch,
     /// Cancelled when the session is stood down: in-flight work must halt.
     pub halt: CancellationToken,
-    /// Checkpoints that landed at this epoch from this node: a halted turn after one of
-    /// them may have landed, so it is not retried.
+    /// Checkpoints sent at this epoch from this node that may have landed (counted when
+    /// sent, uncounted only when refused by the fence): a turn halted after one of them
+    /// may be in the history, so it is not retried.
     pub landed: Arc<AtomicU64>,
 }
 
@@ -66,6 +67,9 @@ pub enum ResolveError {
 pub enum StandDownReason {
     Fenced,
     LeaseLost,
+    /// The node lease stopped being certainly live without a renewal (cut off from the
+    /// store): stood down before anyone else may take the session over.
+    Lapsed,
     Drain,
 }
 
@@ -74,6 +78,7 @@ impl StandDownReason {
         match self {
             StandDownReason::Fenced => "fenced",
             StandDownReason::LeaseLost => "lease_lost",
+            StandDownReason::Lapsed => "lapsed",
             StandDownReason::Drain => "drain",
         }
     }
@@ -286,6 +291,43 @@ impl Ownership {
         self.stand_down_all(|e| &e.owner == owner, StandDownReason::LeaseLost);
     }
 
+    /// The node lease of `owner` is no longer certainly live and no renewal came: stand
+    /// its sessions down now, while no other node can have claimed them yet (a claim needs
+    /// the lease expired on the database clock, which is later by the safety margin).
+    /// A later claim finds our lease again if it was only the store that was slow.
+    pub fn lapse(&self, owner: &Owner) -> usize {
+        self.stand_down_all(|e| &e.owner == owner, StandDownReason::Lapsed)
+    }
+
+    /// Until the process ends: whenever the node lease passes its certainly-live deadline
+    /// without a renewal, [`Ownership::lapse`] the current boot.
+    pub async fn watch_lapse(self: Arc<Self>) {
+        let mut node = self.node.clone();
+        loop {
+            let (owner, until) = {
+                let state = node.borrow_and_update();
+                (state.owner.clone(), state.live_until)
+            };
+            match until {
+                Some(until) if Instant::now() < until => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(until) => {} // looked at again above
+                        changed = node.changed() => if changed.is_err() { return },
+                    }
+                }
+                _ => {
+                    let n = self.lapse(&owner);
+                    if n > 0 {
+                        tracing::warn!(%owner, sessions = n, "node lease no longer certainly live: stood its sessions down");
+                    }
+                    if node.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
     /// Stand down every session (drain deadline). Returns how many.
     pub fn stand_down_everything(&self, reason: StandDownReason) -> usize {
         self.stand_down_all(|_| true, reason)
@@ -343,5 +385,51 @@ impl Ownership {
             .collect();
         held.sort_by(|a, b| a.0.cmp(&b.0));
         held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ownership table with no database behind it (nothing here reaches the store),
+    /// holding `key` for the current boot; the node state's sender drives the lapse.
+    fn holding(key: &SessionKey) -> (Arc<Ownership>, watch::Sender<NodeState>, LocalLease) {
+        let store = LeaseStore::connect_lazy("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+        let owner = Owner::new_boot("node-a");
+        let state = NodeState {
+            owner: owner.clone(),
+            live_until: Some(Instant::now() + Duration::from_secs(1)),
+            store_reachable: true,
+        };
+        let (node_tx, node) = watch::channel(state);
+        let (stood_down, _) = mpsc::unbounded_channel();
+        let ownership = Arc::new(Ownership::new(store, node, stood_down, Arc::default()));
+        let lease = ownership.remember(key, owner, Epoch(1));
+        (ownership, node_tx, lease)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_are_stood_down_when_the_node_lease_lapses_unrenewed() {
+        let key = SessionKey::parse("s").unwrap();
+        let (ownership, _node, lease) = holding(&key);
+        tokio::spawn(ownership.clone().watch_lapse());
+        tokio::time::sleep(Duration::from_millis(990)).await;
+        assert!(!lease.halt.is_cancelled() && ownership.holds(&key), "still certainly live");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(lease.halt.is_cancelled(), "the turn in flight is halted");
+        assert!(!ownership.holds(&key), "and the session forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_before_the_deadline_keeps_the_sessions() {
+        let key = SessionKey::parse("s").unwrap();
+        let (ownership, node, lease) = holding(&key);
+        tokio::spawn(ownership.clone().watch_lapse());
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            node.send_modify(|s| s.live_until = Some(Instant::now() + Duration::from_secs(1)));
+        }
+        assert!(!lease.halt.is_cancelled() && ownership.holds(&key));
     }
 }

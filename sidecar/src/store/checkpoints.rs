@@ -2,7 +2,7 @@
 
 use sqlx::{PgExecutor, Row};
 
-use super::{db, Epoch, Error, LeaseStore, Owner, Result};
+use super::{bounded, db, Epoch, Error, LeaseStore, Owner, Result};
 use crate::key::SessionKey;
 
 /// The fence (CONTRACT §7). The write lands only if, in this same statement:
@@ -76,27 +76,25 @@ impl LeaseStore {
         epoch: Epoch,
         data: &[u8],
     ) -> Result<()> {
-        put_checkpoint(&self.pool, key, owner, epoch, data).await
+        bounded("put checkpoint", put_checkpoint(&self.pool, key, owner, epoch, data)).await
     }
 
     /// Check the fence without writing (event publishes); `Err(Fenced)` when stale.
     pub async fn check_fence(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<()> {
-        let row = sqlx::query(CHECK_FENCE_SQL)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(epoch.0)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db("check fence"))?;
+        let query = sqlx::query(CHECK_FENCE_SQL).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0);
+        let row = bounded("check fence", async {
+            query.fetch_optional(&self.pool).await.map_err(db("check fence"))
+        })
+        .await?;
         row.map(drop).ok_or_else(|| Error::Fenced { key: key.clone(), epoch })
     }
 
     pub async fn get_checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>> {
-        let row = sqlx::query(GET_CHECKPOINT_SQL)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db("get checkpoint"))?;
+        let query = sqlx::query(GET_CHECKPOINT_SQL).bind(key.as_str());
+        let row = bounded("get checkpoint", async {
+            query.fetch_optional(&self.pool).await.map_err(db("get checkpoint"))
+        })
+        .await?;
         Ok(row.map(|row| Checkpoint { epoch: Epoch(row.get("epoch")), data: row.get("data") }))
     }
 }

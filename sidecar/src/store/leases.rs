@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sqlx::{PgExecutor, Row};
 
-use super::{db, remaining, Epoch, Error, LeaseStore, Owner, Result};
+use super::{bounded, db, remaining, Epoch, Error, LeaseStore, Owner, Result};
 use crate::key::SessionKey;
 
 /// How many times a claim is re-run when its answer is empty (a concurrent first insert
@@ -188,34 +188,31 @@ impl LeaseStore {
     /// Claim `key` for `owner` (CONTRACT §7). Errors with `NodeNotLive` when the caller's
     /// own node lease is gone: it must register a new boot before claiming again.
     pub async fn claim(&self, key: &SessionKey, owner: &Owner) -> Result<Claim> {
-        for _ in 0..CLAIM_ATTEMPTS {
-            if let Some(claim) = claim_once(&self.pool, key, owner).await? {
-                return Ok(claim);
+        bounded("claim", async {
+            for _ in 0..CLAIM_ATTEMPTS {
+                if let Some(claim) = claim_once(&self.pool, key, owner).await? {
+                    return Ok(claim);
+                }
             }
-        }
-        Err(Error::ClaimUnsettled { key: key.clone(), attempts: CLAIM_ATTEMPTS })
+            Err(Error::ClaimUnsettled { key: key.clone(), attempts: CLAIM_ATTEMPTS })
+        })
+        .await
     }
 
     /// Release one idle session (again: idempotent). Returns false when the lease was
     /// no longer ours at that epoch (nothing changed).
     pub async fn release(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<bool> {
-        let done = sqlx::query(RELEASE_SQL)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(epoch.0)
-            .execute(&self.pool)
-            .await
-            .map_err(db("release"))?;
+        let query = sqlx::query(RELEASE_SQL).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0);
+        let done =
+            bounded("release", async { query.execute(&self.pool).await.map_err(db("release")) }).await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// Read a session's lease; never claims.
     pub async fn lookup(&self, key: &SessionKey) -> Result<LeaseInfo> {
-        let row = sqlx::query(LOOKUP_SQL)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db("lookup"))?;
+        let query = sqlx::query(LOOKUP_SQL).bind(key.as_str());
+        let row =
+            bounded("lookup", async { query.fetch_optional(&self.pool).await.map_err(db("lookup")) }).await?;
         let Some(row) = row else {
             return Ok(LeaseInfo { holder: None, epoch: None });
         };

@@ -27,6 +27,12 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// short, so a turn gets `store_unavailable` quickly instead of hanging on a dead database.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Longest a statement of the request path may run before the store counts as
+/// unreachable: a partition leaves a query hanging, not failing, and a turn must get
+/// `store_unavailable` (with its directive) rather than wait on it. Generous for a
+/// healthy database (statements here are single-row, indexed).
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Connections per sidecar: claims, fenced writes and the heartbeat run concurrently.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
 
@@ -54,6 +60,11 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// No answer within [`STATEMENT_TIMEOUT`]: the statement may still run (and is fenced
+    /// like any other if it lands late).
+    #[error("lease store: {context} did not answer within {STATEMENT_TIMEOUT:?}")]
+    Timeout { context: &'static str },
+
     #[error("applying migrations failed")]
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
@@ -62,8 +73,16 @@ impl Error {
     /// True when the store itself is unreachable or failing, as opposed to a definite
     /// answer (fenced, not live). Callers map this to `store_unavailable`.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Error::Database { .. } | Error::ClaimUnsettled { .. })
+        matches!(self, Error::Database { .. } | Error::ClaimUnsettled { .. } | Error::Timeout { .. })
     }
+}
+
+/// Run one store operation within [`STATEMENT_TIMEOUT`].
+pub(crate) async fn bounded<T>(
+    context: &'static str,
+    operation: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(STATEMENT_TIMEOUT, operation).await.map_err(|_| Error::Timeout { context })?
 }
 
 /// Attach a short description of the statement to a sqlx error.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::{db, remaining, ttl_ms, LeaseStore, Owner, Result};
+use super::{bounded, db, remaining, ttl_ms, LeaseStore, Owner, Result};
 
 /// Register a new boot and, in the same statement, expire every earlier boot of the same
 /// node id: that process is dead (a container restart), so its sessions must not wait for
@@ -102,7 +102,8 @@ impl LeaseStore {
     }
 
     async fn expire(&self, sql: &'static str, who: &str, context: &'static str) -> Result<u64> {
-        let row = sqlx::query(sql).bind(who).fetch_one(&self.pool).await.map_err(db(context))?;
+        let query = sqlx::query(sql).bind(who);
+        let row = bounded(context, async { query.fetch_one(&self.pool).await.map_err(db(context)) }).await?;
         Ok(row.get::<i64, _>("sessions").unsigned_abs())
     }
 }
