@@ -94,7 +94,16 @@ pub struct Node {
     pub sidecar: Proc,
     pub agent: Proc,
     sidecar_cmd: Vec<String>,
+    agent_cmd: AgentCommand,
     log_dir: PathBuf,
+}
+
+/// How a node's agent is started: program, arguments, environment.
+#[derive(Debug, Clone)]
+struct AgentCommand {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -138,20 +147,35 @@ impl Node {
         self.agent.resume();
     }
 
+    fn spawn_agent(name: &str, agent: &AgentCommand, log_dir: &std::path::Path) -> Proc {
+        let mut cmd = Command::new(&agent.program);
+        cmd.args(&agent.args).envs(agent.env.iter().cloned());
+        Proc::spawn(&format!("{name}/agent"), cmd, &log_dir.join(format!("{name}-agent.log")))
+            .expect("spawn agent")
+    }
+
+    /// The agent container starts again (after a crash); its log is appended to.
+    pub fn restart_agent(&mut self) {
+        self.agent.kill9();
+        self.agent = Self::spawn_agent(&self.name, &self.agent_cmd, &self.log_dir);
+    }
+
     /// A container restart: the sidecar starts again with the same node id.
     pub fn restart_sidecar(&mut self) {
         self.sidecar.kill9();
         self.sidecar = Self::spawn_sidecar(&self.name, &self.sidecar_cmd, &self.log_dir);
     }
 
-    /// Wait until `/readyz` answers 200; fails at once if the sidecar exited (e.g. its
-    /// port is taken), with the end of its log.
+    /// Wait until `/readyz` answers 200 and the agent accepts connections; fails at once
+    /// if the sidecar exited (e.g. its port is taken), with the end of its log.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let http = reqwest::Client::new();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let ready = http.get(format!("{}/readyz", self.admin_url())).send().await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
+            // Like a pod's readiness: every container, so the agent accepts connections.
+            let agent = tokio::net::TcpStream::connect((self.ip, DEMO_AGENT_PORT)).await;
+            if ready.is_ok_and(|r| r.status().is_success()) && agent.is_ok() {
                 return Ok(());
             }
             anyhow::ensure!(
@@ -259,29 +283,36 @@ impl Cluster {
             None => args.push("--insecure-peer".to_owned()),
         }
         let sidecar = Node::spawn_sidecar(name, &args, log_dir);
+        let listen = format!("{ip}:{DEMO_AGENT_PORT}");
         let agent_cmd = match &options.agent_command {
-            Some((program, env)) => {
-                let mut cmd = Command::new(program);
-                cmd.envs(env.iter().cloned()).args(["--listen", &format!("{ip}:{DEMO_AGENT_PORT}")]);
-                cmd
-            }
-            None => {
-                let mut cmd = Command::new(binary("leasehold-demo-agent"));
-                cmd.args([
-                    "--sidecar-url",
-                    &format!("http://{ip}:{AGENT_API_PORT}"),
-                    "--node-id",
-                    name,
-                    "--listen",
-                    &format!("{ip}:{DEMO_AGENT_PORT}"),
-                ]);
-                cmd
-            }
+            Some((program, env)) => AgentCommand {
+                program: program.clone(),
+                args: vec!["--listen".to_owned(), listen],
+                env: env.clone(),
+            },
+            None => AgentCommand {
+                program: binary("leasehold-demo-agent"),
+                args: vec![
+                    "--sidecar-url".to_owned(),
+                    format!("http://{ip}:{AGENT_API_PORT}"),
+                    "--node-id".to_owned(),
+                    name.to_owned(),
+                    "--listen".to_owned(),
+                    listen,
+                ],
+                env: Vec::new(),
+            },
         };
-        let agent =
-            Proc::spawn(&format!("{name}/agent"), agent_cmd, &log_dir.join(format!("{name}-agent.log")))
-                .expect("spawn demo agent");
-        Node { name: name.to_owned(), ip, sidecar, agent, sidecar_cmd: args, log_dir: log_dir.to_owned() }
+        let agent = Node::spawn_agent(name, &agent_cmd, log_dir);
+        Node {
+            name: name.to_owned(),
+            ip,
+            sidecar,
+            agent,
+            sidecar_cmd: args,
+            agent_cmd,
+            log_dir: log_dir.to_owned(),
+        }
     }
 
     /// A directive-honouring client over every node's public port.

@@ -367,3 +367,61 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
         assert_eq!(support::history(&db, key).await, ["first", "after", "later"]);
     }
 }
+
+/// The agent container dies (kill -9) while its sidecar lives on: the turn it was running
+/// is `502 owner_failed` (it may have run); the next turns of its sessions are served by
+/// other pods at once instead of waiting for the agent to come back — a turn forwarded to
+/// node-a without the client seeing anything (the forwarder re-claims), one sent to
+/// node-a itself after one `agent_unavailable` directive. Histories intact; the restarted
+/// agent serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    // A long lease: nothing here may wait for it to expire.
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(30),
+        heartbeat: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let keys = ["agent-0", "agent-1", "agent-2"];
+    for key in keys {
+        turn_on_node_a(&cluster, key, "before").await;
+    }
+    let running = post_on_node_a(&cluster, keys[0], json!({ "text": "cut", "think_ms": 3000, "tokens": 3 }));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.nodes[0].agent.kill9();
+    let crashed = Instant::now();
+    let (status, body) = running.await.unwrap();
+    assert_eq!(status, 502, "the agent died mid-turn: {body}");
+    assert!(body.contains("owner_failed"), "{body}");
+
+    let via_b = Client::new(vec![cluster.nodes[1].public_url()]);
+    let answer = via_b.turn(keys[1], &turn("after")).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    assert_eq!(answer.owner.as_deref(), Some("node-b"), "node-b took the session over");
+    assert!(answer.directives.is_empty(), "nothing for the client to do: {:?}", answer.directives);
+
+    let client = cluster.client();
+    for key in [keys[2], keys[0]] {
+        let path = format!("/v1/sessions/{key}/turns");
+        let answer = client.post(&path, turn("after").to_string().into(), Some(0)).await.unwrap();
+        assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{key}: {:?}", answer.json());
+        assert_ne!(answer.owner.as_deref(), Some("node-a"));
+        assert!(
+            !answer.directives.is_empty() && answer.directives.iter().all(|d| d == "agent_unavailable"),
+            "{key}: refused by node-a (the round-robin may come back to it): {:?}",
+            answer.directives
+        );
+    }
+    assert!(crashed.elapsed() < Duration::from_secs(10), "served elsewhere well within the 30 s TTL");
+    for key in keys {
+        assert_eq!(support::history(&db, key).await, ["before", "after"], "{key}");
+    }
+
+    cluster.nodes[0].restart_agent();
+    let only_a = Client::new(vec![cluster.nodes[0].public_url()]);
+    let answer = only_a.turn("agent-new", &turn("back")).await.unwrap();
+    assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")), "{:?}", answer.json());
+}

@@ -1,6 +1,12 @@
 //! Calls to the local agent container (CONTRACT §4).
 
-use std::time::Duration;
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http::{header::CONTENT_TYPE, HeaderName, HeaderValue};
@@ -65,20 +71,41 @@ impl Turn {
 pub struct Agent {
     client: Upstream,
     base: String,
+    /// Set when a dispatch could not connect (the agent crashed or is restarting),
+    /// cleared when one connects again.
+    down: Arc<AtomicBool>,
 }
 
 impl Agent {
     pub fn new(base: &str) -> Self {
         // A turn runs as long as the agent needs: no response timeout.
         let client = Upstream::new(AGENT_CONNECT_TIMEOUT, None);
-        Agent { client, base: base.trim_end_matches('/').to_owned() }
+        Agent { client, base: base.trim_end_matches('/').to_owned(), down: Arc::default() }
     }
 
     /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
     pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
         let epoch = (EPOCH_NAME, HeaderValue::from(epoch.0));
-        self.client.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await
+        let sent = self.client.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await;
+        self.down.store(sent.as_ref().is_err_and(upstream::Error::is_connect), Ordering::Relaxed);
+        sent
+    }
+
+    /// Whether the agent refused the last connection and still does (one loopback
+    /// connect, made only while it is known down).
+    pub async fn is_down(&self) -> bool {
+        if !self.down.load(Ordering::Relaxed) {
+            return false;
+        }
+        let authority = self.base.strip_prefix("http://").unwrap_or(&self.base);
+        let authority = authority.split('/').next().unwrap_or(authority);
+        let connect = tokio::net::TcpStream::connect(authority);
+        let up = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, connect).await.is_ok_and(|c| c.is_ok());
+        if up {
+            self.down.store(false, Ordering::Relaxed);
+        }
+        !up
     }
 
     /// Tell the agent to halt and drop a session it no longer owns.

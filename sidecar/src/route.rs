@@ -11,9 +11,10 @@ use crate::{
     dispatch::{Agent, Turn},
     forward::{ForwardError, Forwarder},
     inflight::{InFlight, InFlightGuard},
+    key::SessionKey,
     metrics::{status_label, Metrics},
     ownership::{LocalLease, Ownership, ResolveError, Route, StandDownReason},
-    store::Holder,
+    store::{Epoch, Holder},
     upstream,
 };
 
@@ -32,8 +33,9 @@ pub enum Reply {
     PeerRefused(RefusalBody),
 }
 
-/// Peer refusals that mean "not here": nothing ran, the session may have moved.
-const MOVED_CODES: [&str; 2] = ["draining", "owner_unreachable"];
+/// Peer refusals that mean "not here": nothing ran, the session may have moved (an owner
+/// whose agent is down hands the session back).
+const MOVED_CODES: [&str; 3] = ["draining", "owner_unreachable", "agent_unavailable"];
 
 /// While a forwarded turn waits for its answer, the owner's lease is read again just
 /// after it would lapse without a renewal; this much later, so a renewal in flight counts.
@@ -85,6 +87,10 @@ impl TurnRouter {
         let Some(admitted) = self.inflight.admit(&self.draining) else {
             return self.draining_refusal();
         };
+        if self.agent.is_down().await {
+            drop(admitted);
+            return self.route_without_agent(turn, entry).await;
+        }
         match self.ownership.resolve(&turn.key, false).await {
             Err(e) => self.unresolved(e),
             Ok(Route::Local(lease)) => self.run_local(turn, lease, admitted).await,
@@ -109,7 +115,7 @@ impl TurnRouter {
     /// still accepts connections in its kernel, so without this a turn forwarded to it
     /// would wait for the response timeout. Costs one read per lease period, only while
     /// a forwarded turn is waiting.
-    async fn owner_gone(&self, key: &crate::key::SessionKey, holder: &Holder) {
+    async fn owner_gone(&self, key: &SessionKey, holder: &Holder) {
         let mut wait = holder.remaining + OWNER_CHECK_SLACK;
         loop {
             tokio::time::sleep(wait).await;
@@ -227,6 +233,35 @@ impl TurnRouter {
         Reply::OwnerFailed
     }
 
+    /// Our agent refused the connection (crashed, restarting, OOM-killed): the turn did
+    /// not start. Hand the session back so another pod's agent can serve it at once
+    /// rather than the session waiting on this one (a crash-looping agent would hold it
+    /// for minutes); a forwarding node re-claims on this refusal, a client retries.
+    async fn agent_unavailable(&self, key: &SessionKey, epoch: Epoch) -> Reply {
+        tracing::warn!(%key, %epoch, "agent refused the connection: handing the session back");
+        if let Err(e) = self.ownership.release(key, epoch).await {
+            tracing::warn!(%key, error = %e, "hand-back of a session whose agent is down failed");
+        }
+        self.refuse("local", Refusal::AgentUnavailable)
+    }
+
+    /// Our agent is down: never claim (the session would only be handed back). A live
+    /// owner elsewhere gets the turn; a session still held here is handed back; anything
+    /// else is refused so the client (or the forwarding node) takes it elsewhere.
+    async fn route_without_agent(&self, turn: Turn, entry: Entry) -> Reply {
+        let holder = match self.ownership.store().lookup(&turn.key).await {
+            Ok(info) => info.holder,
+            Err(e) => return self.unresolved(ResolveError::Store(e)),
+        };
+        match holder {
+            Some(holder) if holder.owner == self.ownership.node().owner => {
+                self.agent_unavailable(&turn.key, holder.epoch).await
+            }
+            Some(holder) if entry == Entry::Public => self.forward(turn, holder).await,
+            _ => self.refuse("none", Refusal::AgentUnavailable),
+        }
+    }
+
     /// Dispatch to our agent. Halted at once if the session is stood down meanwhile.
     async fn run_local(&self, turn: Turn, lease: LocalLease, guard: InFlightGuard) -> Reply {
         let landed = lease.landed.load(std::sync::atomic::Ordering::SeqCst);
@@ -235,7 +270,7 @@ impl TurnRouter {
             _ = lease.halt.cancelled() => return self.halted(&lease, landed),
         };
         match response {
-            Err(e) if e.is_connect() => self.refuse("local", Refusal::AgentUnavailable),
+            Err(e) if e.is_connect() => self.agent_unavailable(&turn.key, lease.epoch).await,
             Err(e) => {
                 tracing::warn!(key = %turn.key, error = %e, "agent failed mid-turn");
                 self.metrics.turn("local", "owner_failed");
