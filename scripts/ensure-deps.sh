@@ -16,3 +16,17 @@ done
 
 # PostgreSQL server binaries for the throwaway test databases.
 "$here/ensure-postgres.sh" >/dev/null
+
+# iptables for the fault test that partitions a peer port (it runs when root, as CI is);
+# python3 for the fault tests' small agent.
+if [ "$(id -u)" = 0 ]; then
+  missing=()
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "ensure-deps: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
+  fi
+fi

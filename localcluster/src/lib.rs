@@ -3,6 +3,7 @@
 //! PID when its handle is dropped.
 
 pub mod bare_proxy;
+pub mod blackhole;
 pub mod cluster;
 pub mod link;
 pub mod observer;
@@ -10,6 +11,7 @@ pub mod postgres;
 pub mod process;
 pub mod trivial_agent;
 
+pub use blackhole::Blackhole;
 pub use cluster::{Cluster, ClusterOptions, Node};
 pub use link::Link;
 pub use observer::Observer;

@@ -425,3 +425,49 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
     let answer = only_a.turn("agent-new", &turn("back")).await.unwrap();
     assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")), "{:?}", answer.json());
 }
+
+/// A partition between pods: the kernel drops all traffic to and from node-a's peer port
+/// while node-a keeps renewing its lease. A turn forwarded over
+/// node-b's pooled connection is answered `502 owner_failed` within seconds (the
+/// connection's user timeout ends it) instead of after the 300 s peer response timeout;
+/// the next one gets `takeover_pending` (node-a is still the live owner, unreachable);
+/// healed, turns flow again. Needs root (iptables); CI runs as root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_forwarded_into_a_partition_between_pods_fails_in_seconds() {
+    if !localcluster::Blackhole::permitted() {
+        eprintln!("SKIPPED: changing the firewall needs root");
+        return;
+    }
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let key = "between-pods";
+    turn_on_node_a(&cluster, key, "first").await;
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let via_b = Client::new(vec![b.public_url()]);
+    let answer = via_b.turn(key, &turn("second")).await.unwrap(); // leaves a pooled connection
+    assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")));
+
+    let hole = localcluster::Blackhole::port(a.ip, localcluster::cluster::PEER_PORT).unwrap();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let url = format!("{}/v1/sessions/{key}/turns", b.public_url());
+    let sent = Instant::now();
+    let response = http.post(&url).body(turn("lost").to_string()).send().await.unwrap();
+    let took = sent.elapsed();
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("owner_failed"), "it may have run: {body}");
+    eprintln!("a turn forwarded into the partition was answered after {took:?}");
+    assert!(took < Duration::from_secs(30), "ended by the connection's timeouts: {took:?}");
+
+    let response = http.post(&url).body(turn("lost").to_string()).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("takeover_pending"), "node-a renews but cannot be reached: {body}");
+
+    drop(hole);
+    let answer = via_b.turn(key, &turn("third")).await.unwrap();
+    assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")), "{:?}", answer.json());
+    assert_eq!(support::history(&db, key).await, ["first", "second", "third"]);
+}

@@ -21,6 +21,18 @@ pub type Response = http::Response<hyper::body::Incoming>;
 
 type Sender = SendRequest<Full<Bytes>>;
 
+/// A peer that goes silent (partitioned, or its node gone without a reset) must not hold
+/// a forwarded turn or a followed stream until the kernel's ~15 minutes of retransmits:
+/// keep-alive probes start after this much silence on a connection...
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+/// ...are sent this often...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// ...and this many unanswered ones close the connection.
+pub const KEEPALIVE_RETRIES: u32 = 3;
+/// Data sent but unacknowledged for this long closes the connection (a request stuck in
+/// a partition); a long turn with nothing in flight is not affected.
+pub const USER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Idle connections kept per upstream address; more concurrent turns than this open
 /// connections that are closed when they finish (bounds sockets held by a quiet pod).
 const MAX_IDLE_PER_UPSTREAM: usize = 256;
@@ -163,6 +175,7 @@ impl Upstream {
             .map_err(|_| failed(format!("no connection within {limit:?}")))?
             .map_err(|e| failed(e.to_string()))?;
         stream.set_nodelay(true).map_err(|e| failed(e.to_string()))?;
+        notice_silence(&stream).map_err(|e| failed(e.to_string()))?;
         let (sender, conn) =
             http1::handshake(TokioIo::new(stream)).await.map_err(|e| failed(e.to_string()))?;
         tokio::spawn(async move {
@@ -174,6 +187,18 @@ impl Upstream {
     }
 }
 
+/// Keep-alive probes and a user timeout: a silent peer ends the connection with an error
+/// within about [`KEEPALIVE_IDLE`] + [`USER_TIMEOUT`].
+fn notice_silence(stream: &TcpStream) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))
+}
+
 #[cfg(test)]
 mod tests {
     use http_body_util::BodyExt;
@@ -183,6 +208,19 @@ mod tests {
     };
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_connection_is_set_to_notice_a_silent_peer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        notice_silence(&stream).unwrap();
+        let socket = socket2::SockRef::from(&stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_RETRIES);
+        assert_eq!(socket.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
+    }
 
     /// A one-shot HTTP/1 server on loopback: returns its address and the request it read.
     async fn answer_once(reply: &'static [u8]) -> (String, tokio::task::JoinHandle<String>) {

@@ -55,6 +55,10 @@ impl Forwarder {
         let streams = reqwest::Client::builder()
             .connect_timeout(PEER_CONNECT_TIMEOUT)
             .tcp_nodelay(true)
+            .tcp_keepalive(upstream::KEEPALIVE_IDLE)
+            .tcp_keepalive_interval(upstream::KEEPALIVE_INTERVAL)
+            .tcp_keepalive_retries(upstream::KEEPALIVE_RETRIES)
+            .tcp_user_timeout(upstream::USER_TIMEOUT)
             .build()
             .expect("static client configuration");
         Forwarder { client, streams, auth: PeerAuth::new(secret) }
