@@ -334,8 +334,10 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
     assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
     assert_ne!(answer.owner.as_deref(), Some("node-a"));
     assert!(took_over - cut <= ttl + SLACK, "taken over {:?} after the cut", took_over - cut);
+    eprintln!("store partition: another node served the session {:?} after the cut", took_over - cut);
 
     let (status, body, answered) = held.await.unwrap();
+    eprintln!("store partition: node-a stepped back {:?} after the cut", answered - cut);
     assert_eq!(status, 502, "a turn whose write is in the partition may still land: {body}");
     assert!(body.contains("owner_failed"), "{body}");
     assert!(answered < took_over, "node-a stepped back before the takeover");
@@ -415,6 +417,7 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
             answer.directives
         );
     }
+    eprintln!("agent crash: its three sessions served elsewhere {:?} after the kill", crashed.elapsed());
     assert!(crashed.elapsed() < Duration::from_secs(10), "served elsewhere well within the 30 s TTL");
     for key in keys {
         assert_eq!(support::history(&db, key).await, ["before", "after"], "{key}");
