@@ -422,6 +422,8 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
     for key in keys {
         assert_eq!(support::history(&db, key).await, ["before", "after"], "{key}");
     }
+    let refused = cluster.nodes[0].metric("leasehold_turns_total", "outcome=\"agent_unavailable\"").await;
+    assert!(refused >= 2.0, "node-a counts the turns its agent could not take: {refused}");
 
     cluster.nodes[0].restart_agent();
     let only_a = Client::new(vec![cluster.nodes[0].public_url()]);
