@@ -17,13 +17,28 @@ fn turn(text: &str) -> serde_json::Value {
     json!({ "text": text, "tokens": 2 })
 }
 
-/// Three nodes with a 2 s lease (renewed every 400 ms), for the freeze tests; and the TTL.
-async fn short_leases(db: &str) -> (Cluster, Duration) {
-    let options = ClusterOptions {
+/// A 2 s lease renewed every 400 ms, for the freeze and partition tests.
+fn short_lease_options() -> ClusterOptions {
+    ClusterOptions {
         lease_ttl: Duration::from_secs(2),
         heartbeat: Duration::from_millis(400),
         ..Default::default()
-    };
+    }
+}
+
+/// A 30 s lease renewed every 2 s: a test that recovers well within it proves nothing
+/// waited for a lease to expire.
+fn long_lease_options() -> ClusterOptions {
+    ClusterOptions {
+        lease_ttl: Duration::from_secs(30),
+        heartbeat: Duration::from_secs(2),
+        ..Default::default()
+    }
+}
+
+/// Three nodes with [`short_lease_options`], for the freeze tests; and the TTL.
+async fn short_leases(db: &str) -> (Cluster, Duration) {
+    let options = short_lease_options();
     let ttl = options.lease_ttl;
     (Cluster::start(db, options).await.unwrap(), ttl)
 }
@@ -195,12 +210,7 @@ async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
 async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let options = ClusterOptions {
-        lease_ttl: Duration::from_secs(2),
-        heartbeat: Duration::from_millis(400),
-        agent_command: Some((hold_agent(), Vec::new())),
-        ..Default::default()
-    };
+    let options = ClusterOptions { agent_command: Some((hold_agent(), Vec::new())), ..short_lease_options() };
     let ttl = options.lease_ttl;
     let cluster = Cluster::start(&db, options).await.unwrap();
     let key = "landed";
@@ -263,13 +273,7 @@ async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
 async fn a_container_restart_frees_the_earlier_boots_sessions_at_once() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    // A long TTL proves the sessions move without waiting for it.
-    let options = ClusterOptions {
-        lease_ttl: Duration::from_secs(30),
-        heartbeat: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let mut cluster = Cluster::start(&db, long_lease_options()).await.unwrap();
     let keys: Vec<String> = (0..3).map(|i| format!("restart-{i}")).collect();
     for key in &keys {
         turn_on_node_a(&cluster, key, "before").await;
@@ -306,11 +310,9 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
     let db = support::database().await;
     let link = localcluster::Link::to_database(&db).await.unwrap();
     let options = ClusterOptions {
-        lease_ttl: Duration::from_secs(2),
-        heartbeat: Duration::from_millis(400),
         agent_command: Some((hold_agent(), Vec::new())),
         database_urls: vec![Some(link.database_url(&db))],
-        ..Default::default()
+        ..short_lease_options()
     };
     let ttl = options.lease_ttl;
     let mut cluster = Cluster::start(&db, options).await.unwrap();
@@ -380,13 +382,7 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
 async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    // A long lease: nothing here may wait for it to expire.
-    let options = ClusterOptions {
-        lease_ttl: Duration::from_secs(30),
-        heartbeat: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let mut cluster = Cluster::start(&db, long_lease_options()).await.unwrap();
     let keys = ["agent-0", "agent-1", "agent-2"];
     for key in keys {
         turn_on_node_a(&cluster, key, "before").await;

@@ -98,8 +98,8 @@ impl Agent {
         if !self.down.load(Ordering::Relaxed) {
             return false;
         }
-        let authority = self.base.strip_prefix("http://").unwrap_or(&self.base);
-        let authority = authority.split('/').next().unwrap_or(authority);
+        // A base that is not `http://host:port` fails every dispatch the same way.
+        let Ok((authority, _)) = upstream::split(&self.base) else { return true };
         let connect = tokio::net::TcpStream::connect(authority);
         let up = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, connect).await.is_ok_and(|c| c.is_ok());
         if up {

@@ -73,7 +73,7 @@ struct Inner {
 }
 
 /// `http://host:port/path` → (`host:port`, `/path`).
-fn split(uri: &str) -> Result<(&str, &str), Error> {
+pub(crate) fn split(uri: &str) -> Result<(&str, &str), Error> {
     let rest = uri.strip_prefix("http://").ok_or_else(|| Error::Request(format!("{uri}: not http://")))?;
     let (authority, path) = rest.find('/').map_or((rest, "/"), |i| rest.split_at(i));
     if authority.is_empty() {
