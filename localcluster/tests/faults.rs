@@ -472,3 +472,57 @@ async fn a_turn_forwarded_into_a_partition_between_pods_fails_in_seconds() {
     assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")), "{:?}", answer.json());
     assert_eq!(support::history(&db, key).await, ["first", "second", "third"]);
 }
+
+/// Longer than the follower's connection takes to notice a silent owner (keep-alive: 5 s
+/// idle, then 3 probes 2 s apart), so the stream is re-opened, not merely resumed.
+const PAST_KEEPALIVE: Duration = Duration::from_secs(14);
+/// A re-opened upstream catches up within one 1 s connect attempt into the closing hole
+/// and a 250 ms retry, plus slack; one left to TCP's retransmission back-off took ~12 s.
+const CATCH_UP: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_observer_behind_a_partition_between_pods_catches_up_without_a_gap_when_it_heals() {
+    if !localcluster::Blackhole::permitted() {
+        eprintln!("SKIPPED: changing the firewall needs root");
+        return;
+    }
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let key = "watched-across-a-partition";
+    turn_on_node_a(&cluster, key, "one").await;
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let finished = |n: u64| {
+        move |f: &localcluster::observer::Frame| {
+            f.event.as_deref() == Some("turn_finished") && f.data.contains(&format!("\"history_len\":{n}"))
+        }
+    };
+    let stream = format!("{}/v1/sessions/{key}/stream", b.public_url());
+    let mut on_b = localcluster::Observer::open(&stream, None).await.unwrap();
+    on_b.until(SLACK * 5, finished(1)).await.unwrap(); // node-b's upstream to node-a is live
+
+    // Node-a's peer port goes silent both ways; its public port and the store stay up, so
+    // it keeps the session and serves a turn that node-b's follower cannot see.
+    let hole = localcluster::Blackhole::port(a.ip, localcluster::cluster::PEER_PORT).unwrap();
+    turn_on_node_a(&cluster, key, "two").await;
+    let crossed = on_b.next(PAST_KEEPALIVE).await;
+    assert!(crossed.is_none(), "nothing crosses the partition: {crossed:?}");
+    assert!(!on_b.closed(), "the observer's own connection stays open");
+
+    drop(hole);
+    let healed = Instant::now();
+    on_b.until(SLACK * 10, finished(2)).await.expect("the turn served during the partition, by replay");
+    let caught_up = healed.elapsed();
+    eprintln!("the observer caught up {caught_up:?} after the partition healed");
+    assert!(caught_up < CATCH_UP, "the follower noticed the dead upstream and re-opened it: {caught_up:?}");
+    turn_on_node_a(&cluster, key, "three").await;
+    on_b.until(SLACK * 5, finished(3)).await.expect("then live again");
+
+    let ids: Vec<String> = on_b.ids();
+    let expected: Vec<String> = (1..=12).map(|seq| format!("1-{seq}")).collect();
+    assert_eq!(ids, expected, "every event of the three turns once, in order: no gap, no duplicate");
+    assert!(
+        !on_b.seen.iter().any(|f| f.event.as_deref() == Some("reconnect")),
+        "no reconnect asked of the client"
+    );
+}
