@@ -166,6 +166,16 @@ impl Node {
         self.sidecar = Self::spawn_sidecar(&self.name, &self.sidecar_cmd, &self.log_dir);
     }
 
+    /// A container restart with one setting changed (e.g. a rotated `--cluster-secret`):
+    /// `flag`'s value is replaced, or the flag added.
+    pub fn restart_sidecar_with(&mut self, flag: &str, value: &str) {
+        match self.sidecar_cmd.iter().position(|a| a == flag) {
+            Some(at) => self.sidecar_cmd[at + 1] = value.to_owned(),
+            None => self.sidecar_cmd.extend([flag.to_owned(), value.to_owned()]),
+        }
+        self.restart_sidecar();
+    }
+
     /// Wait until `/readyz` answers 200 and the agent accepts connections; fails at once
     /// if the sidecar exited (e.g. its port is taken), with the end of its log.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {

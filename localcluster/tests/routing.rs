@@ -98,6 +98,46 @@ async fn the_peer_port_admits_only_a_fresh_proof_of_the_secret() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_another_secret_gets_a_502_saying_so_never_a_401() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 2, ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "mid-rotation";
+    let client = cluster.client();
+    let body = |text: &str| json!({ "text": text, "tokens": 0 }).to_string();
+    let first = client.post(&format!("/v1/sessions/{key}/turns"), body("one").into(), Some(0)).await.unwrap();
+    assert_eq!(first.owner.as_deref(), Some("node-a"));
+
+    // node-b comes back with a rotated secret while node-a still has the old one.
+    cluster.nodes[1].restart_sidecar_with("--cluster-secret", "rotated-secret");
+    cluster.nodes[1].wait_ready().await.unwrap();
+    let url = format!("{}/v1/sessions/{key}/turns", cluster.nodes[1].public_url());
+    let response = reqwest::Client::new().post(url).body(body("two")).send().await.unwrap();
+    assert_eq!(response.status(), 502, "a server-side fault, not the client's credentials");
+    assert!(response.headers().get("retry-after").is_none(), "no directive: a retry fails the same way");
+    let json: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(json["error"], "owner_failed");
+    let message = json["message"].as_str().unwrap_or_default();
+    assert!(message.contains("cluster secrets differ"), "says why: {json}");
+
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    assert!(a.metric("leasehold_peer_auth_failures_total", "").await >= 1.0, "the owner counted it");
+    assert_eq!(b.metric("leasehold_peer_rejections_total", "").await, 1.0, "so did the forwarder");
+    assert_eq!(b.metric("leasehold_turns_total", "peer_rejected").await, 1.0);
+    assert_eq!(support::history(&db, key).await, ["one"], "nothing ran on the owner");
+
+    // An observer on node-b: its follower is refused the owner's stream and counts it.
+    let stream = format!("{}/v1/sessions/{key}/stream", b.public_url());
+    let _observer = localcluster::Observer::open(&stream, None).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while b.metric("leasehold_peer_rejections_total", "").await < 2.0 {
+        assert!(std::time::Instant::now() < deadline, "the follower's refused stream is counted");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_documented_status_and_breaks_nothing() {
     let db = support::database().await;
     let cluster =

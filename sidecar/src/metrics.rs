@@ -57,6 +57,7 @@ pub struct Metrics {
     fenced_writes: Counter,
     store_errors: Counter,
     peer_auth_failures: Counter,
+    peer_rejections: Counter,
     leases_held: Gauge,
     in_flight: Gauge,
     handed_back: Counter,
@@ -82,6 +83,7 @@ impl Metrics {
             fenced_writes: Counter::default(),
             store_errors: Counter::default(),
             peer_auth_failures: Counter::default(),
+            peer_rejections: Counter::default(),
             leases_held: Gauge::default(),
             in_flight: Gauge::default(),
             handed_back: Counter::default(),
@@ -106,6 +108,12 @@ impl Metrics {
             "peer_auth_failures",
             "Peer requests rejected with 401",
             m.peer_auth_failures.clone(),
+        );
+        registry.register(
+            "peer_rejections",
+            "Requests to other sidecars rejected with 401: this node's proof did not pass there \
+             (cluster secrets differ, or clocks are apart by more than the proof window)",
+            m.peer_rejections.clone(),
         );
         registry.register("leases_held", "Sessions held by this process", m.leases_held.clone());
         registry.register(
@@ -150,6 +158,10 @@ impl Metrics {
 
     pub fn peer_auth_failure(&self) {
         self.peer_auth_failures.inc();
+    }
+
+    pub fn peer_rejected(&self) {
+        self.peer_rejections.inc();
     }
 
     pub fn set_leases_held(&self, n: usize) {

@@ -31,6 +31,10 @@ pub enum Reply {
     OwnerFailed,
     /// The owner's sidecar refused with a directive: passed through as it is.
     PeerRefused(RefusalBody),
+    /// The owner's sidecar did not accept our peer proof (`401`): nothing ran there, but
+    /// a retry fails the same way until the pods agree on the secret (and their clocks):
+    /// `502`, never retried, saying why.
+    PeerRejected,
 }
 
 /// Peer refusals that mean "not here": nothing ran, the session may have moved (an owner
@@ -154,6 +158,15 @@ impl TurnRouter {
                 return Hop::NotConnected;
             }
         };
+        if response.status() == http::StatusCode::UNAUTHORIZED {
+            tracing::error!(
+                addr = %holder.peer_addr, owner = %holder.owner,
+                "the owner's sidecar rejected this node's peer proof: the pods' cluster secrets differ, or their clocks are apart by more than the proof window"
+            );
+            self.metrics.peer_rejected();
+            self.metrics.turn("forwarded", "peer_rejected");
+            return Hop::Answered(Reply::PeerRejected);
+        }
         if response.status() != http::StatusCode::SERVICE_UNAVAILABLE {
             self.metrics.turn("forwarded", status_label(response.status()));
             return Hop::Answered(Reply::Forwarded(response));

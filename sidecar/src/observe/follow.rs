@@ -83,6 +83,13 @@ impl Follow {
         let after = self.hubs.last_id(key).unwrap_or(EventId { epoch: Epoch(0), seq: 0 });
         let response = match self.forwarder.subscribe(&holder.peer_addr, key, Some(after)).await {
             Ok(response) if response.status().is_success() => response,
+            Ok(response) if response.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                // Counted, not logged per retry: the forwarded turns log it (and the
+                // owner logs every rejection).
+                self.metrics.peer_rejected();
+                tracing::debug!(%key, owner = %holder.owner, "owner rejected this node's peer proof");
+                return wait(changes, RECHECK).await;
+            }
             Ok(response) => {
                 tracing::debug!(%key, status = %response.status(), "owner refused the stream");
                 return wait(changes, RETRY).await;
