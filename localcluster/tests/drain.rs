@@ -253,3 +253,52 @@ async fn sigterm_under_forwarded_load_fails_no_turn() {
     }
     eprintln!("{total} turns acknowledged, none failed, across node-a's shutdown");
 }
+
+/// What a keep-alive client sees of one request: the answer's text, and whether the
+/// server closed the connection after it (EOF within a second).
+async fn keep_alive_exchange(ip: std::net::Ipv4Addr, port: u16, request: &str) -> (String, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect((ip, port)).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let (mut answer, mut buf) = (Vec::new(), [0u8; 4096]);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&answer).into_owned(), true),
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&answer).into_owned(), false), // left open
+        }
+    }
+}
+
+/// A drained pod answers `Connection: close` and closes each connection after its answer,
+/// so keep-alive clients (a load balancer, the API server's proxy, other pods) leave it
+/// while it still answers, instead of having idle connections closed under them when it
+/// exits. Before the drain, connections stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_pod_closes_each_keep_alive_connection_after_its_answer() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions { nodes: 1, ..options() }).await.unwrap();
+    let node = &cluster.nodes[0];
+    let body = json!({ "text": "kept alive", "tokens": 0 }).to_string();
+    let turn = format!(
+        "POST /v1/sessions/keep-alive/turns HTTP/1.1\r\nhost: pod\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let peer = "POST /peer/v1/sessions/keep-alive/turns HTTP/1.1\r\nhost: pod\r\ncontent-length: 0\r\n\r\n";
+    let (public, peer_port) = (localcluster::cluster::PUBLIC_PORT, localcluster::cluster::PEER_PORT);
+
+    let (answer, closed) = keep_alive_exchange(node.ip, public, &turn).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(!closed && !answer.to_ascii_lowercase().contains("connection: close"), "kept open: {answer}");
+    let (answer, closed) = keep_alive_exchange(node.ip, peer_port, peer).await;
+    assert!(answer.starts_with("HTTP/1.1 401") && !closed, "no proof, kept open: {answer}");
+
+    node.drain(false).await;
+    for (port, request, status) in [(public, &turn[..], "503"), (peer_port, peer, "401")] {
+        let (answer, closed) = keep_alive_exchange(node.ip, port, request).await;
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "port {port}: {answer}");
+        assert!(answer.to_ascii_lowercase().contains("connection: close"), "port {port}: {answer}");
+        assert!(closed, "port {port}: the server closed the connection after the answer");
+    }
+}

@@ -17,8 +17,25 @@ use axum::{
 };
 
 use futures_util::StreamExt;
+use std::sync::Arc;
 
-use crate::key::SessionKey;
+use crate::{app::Sidecar, key::SessionKey};
+
+/// Once this pod drains, every answer on the public and peer ports says `Connection:
+/// close` (as Envoy and nginx do in a drain): a client's pooled keep-alive connections to
+/// the pod are retired one by one as they are used, rather than all closed under it when
+/// the process exits, where a request sent at that instant is lost to the race (HTTP/1.1
+/// has no other way to tell a client to stop using an idle connection).
+pub fn close_when_draining(
+    app: Arc<Sidecar>,
+) -> tower::util::MapResponseLayer<impl Fn(Response) -> Response + Clone> {
+    tower::util::MapResponseLayer::new(move |mut response: Response| {
+        if app.drain.is_draining() {
+            response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        }
+        response
+    })
+}
 
 /// A request refused before it reached the domain: bad input, with a JSON body.
 #[derive(Debug)]

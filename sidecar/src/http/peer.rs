@@ -24,6 +24,7 @@ pub fn router(app: Arc<Sidecar>) -> Router {
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
+        .layer(super::close_when_draining(app.clone()))
         .with_state(app)
 }
 

@@ -26,6 +26,7 @@ pub fn router(app: Arc<Sidecar>) -> Router {
         .route("/v1/sessions/{key}", get(session))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
+        .layer(super::close_when_draining(app.clone()))
         .with_state(app)
 }
 
