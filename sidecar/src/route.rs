@@ -37,6 +37,10 @@ pub enum Reply {
     PeerRejected,
 }
 
+/// Why a forwarded turn was answered [`Reply::PeerRejected`] (logged, and told to the client).
+pub const PEER_REJECTED: &str = "the owner's sidecar rejected this node's peer proof: the pods' cluster \
+     secrets differ, or their clocks are apart by more than the proof window";
+
 /// Peer refusals that mean "not here": nothing ran, the session may have moved (an owner
 /// whose agent is down hands the session back).
 const MOVED_CODES: [&str; 3] = ["draining", "owner_unreachable", "agent_unavailable"];
@@ -159,10 +163,7 @@ impl TurnRouter {
             }
         };
         if response.status() == http::StatusCode::UNAUTHORIZED {
-            tracing::error!(
-                addr = %holder.peer_addr, owner = %holder.owner,
-                "the owner's sidecar rejected this node's peer proof: the pods' cluster secrets differ, or their clocks are apart by more than the proof window"
-            );
+            tracing::error!(addr = %holder.peer_addr, owner = %holder.owner, "{PEER_REJECTED}");
             self.metrics.peer_rejected();
             self.metrics.turn("forwarded", "peer_rejected");
             return Hop::Answered(Reply::PeerRejected);

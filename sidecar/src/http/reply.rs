@@ -77,14 +77,14 @@ pub fn reply(reply: Reply, node_id: &str) -> Response {
     match reply {
         Reply::Refused(r) => refusal(&r),
         Reply::OwnerFailed => owner_failed(),
-        Reply::PeerRejected => error(
-            StatusCode::BAD_GATEWAY,
-            "owner_failed",
-            format!(
-                "the owner's sidecar rejected this node's peer proof: the pods' cluster secrets differ, or their clocks are more than {}s apart",
-                crate::forward::auth::PROOF_WINDOW.as_secs()
-            ),
-        ),
+        Reply::PeerRejected => {
+            let window = crate::forward::auth::PROOF_WINDOW.as_secs();
+            error(
+                StatusCode::BAD_GATEWAY,
+                "owner_failed",
+                format!("{} ({window} s)", crate::route::PEER_REJECTED),
+            )
+        }
         Reply::PeerRefused(body) => refusal_body(body),
         Reply::Forwarded(upstream) => stream_back(upstream, (), None),
         Reply::Local { response, lease, guard } => {
