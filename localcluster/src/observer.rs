@@ -7,6 +7,15 @@ use leasehold_sidecar::observe::sse;
 pub use leasehold_sidecar::observe::sse::Frame;
 use tokio::{sync::mpsc, task::JoinHandle};
 
+/// Whether `frame` is the demo agent's `turn_finished` for the turn that made the
+/// session's history `history_len` long.
+pub fn turn_finished(history_len: u64) -> impl Fn(&Frame) -> bool {
+    move |f| {
+        f.event.as_deref() == Some("turn_finished")
+            && f.data.contains(&format!("\"history_len\":{history_len}"))
+    }
+}
+
 #[derive(Debug)]
 pub struct Observer {
     frames: mpsc::UnboundedReceiver<Frame>,

@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use leasehold_sidecar::client::Client;
-use localcluster::{Cluster, ClusterOptions, Postgres};
+use localcluster::{observer::turn_finished, Cluster, ClusterOptions, Postgres};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -427,6 +427,24 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
     assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")), "{:?}", answer.json());
 }
 
+/// For the partition tests, which change the firewall: `None` (said so) unless this
+/// process may; else the serial guard, the database, and three nodes where node-a owns
+/// `key` after turn `text`.
+async fn partition_setup(
+    key: &str,
+    text: &str,
+) -> Option<(tokio::sync::MutexGuard<'static, ()>, String, Cluster)> {
+    if !localcluster::Blackhole::permitted() {
+        eprintln!("SKIPPED: changing the firewall needs root");
+        return None;
+    }
+    let serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    turn_on_node_a(&cluster, key, text).await;
+    Some((serial, db, cluster))
+}
+
 /// A partition between pods: the kernel drops all traffic to and from node-a's peer port
 /// while node-a keeps renewing its lease. A turn forwarded over
 /// node-b's pooled connection is answered `502 owner_failed` within seconds (the
@@ -435,15 +453,8 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
 /// healed, turns flow again. Needs root (iptables); CI runs as root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_turn_forwarded_into_a_partition_between_pods_fails_in_seconds() {
-    if !localcluster::Blackhole::permitted() {
-        eprintln!("SKIPPED: changing the firewall needs root");
-        return;
-    }
-    let _serial = support::serial().await;
-    let db = support::database().await;
-    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
     let key = "between-pods";
-    turn_on_node_a(&cluster, key, "first").await;
+    let Some((_serial, db, cluster)) = partition_setup(key, "first").await else { return };
     let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
     let via_b = Client::new(vec![b.public_url()]);
     let answer = via_b.turn(key, &turn("second")).await.unwrap(); // leaves a pooled connection
@@ -482,24 +493,12 @@ const CATCH_UP: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_observer_behind_a_partition_between_pods_catches_up_without_a_gap_when_it_heals() {
-    if !localcluster::Blackhole::permitted() {
-        eprintln!("SKIPPED: changing the firewall needs root");
-        return;
-    }
-    let _serial = support::serial().await;
-    let db = support::database().await;
-    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
     let key = "watched-across-a-partition";
-    turn_on_node_a(&cluster, key, "one").await;
+    let Some((_serial, _, cluster)) = partition_setup(key, "one").await else { return };
     let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
-    let finished = |n: u64| {
-        move |f: &localcluster::observer::Frame| {
-            f.event.as_deref() == Some("turn_finished") && f.data.contains(&format!("\"history_len\":{n}"))
-        }
-    };
     let stream = format!("{}/v1/sessions/{key}/stream", b.public_url());
     let mut on_b = localcluster::Observer::open(&stream, None).await.unwrap();
-    on_b.until(SLACK * 5, finished(1)).await.unwrap(); // node-b's upstream to node-a is live
+    on_b.until(SLACK * 5, turn_finished(1)).await.unwrap(); // node-b's upstream to node-a is live
 
     // Node-a's peer port goes silent both ways; its public port and the store stay up, so
     // it keeps the session and serves a turn that node-b's follower cannot see.
@@ -511,12 +510,12 @@ async fn an_observer_behind_a_partition_between_pods_catches_up_without_a_gap_wh
 
     drop(hole);
     let healed = Instant::now();
-    on_b.until(SLACK * 10, finished(2)).await.expect("the turn served during the partition, by replay");
+    on_b.until(SLACK * 10, turn_finished(2)).await.expect("the turn served during the partition, by replay");
     let caught_up = healed.elapsed();
     eprintln!("the observer caught up {caught_up:?} after the partition healed");
     assert!(caught_up < CATCH_UP, "the follower noticed the dead upstream and re-opened it: {caught_up:?}");
     turn_on_node_a(&cluster, key, "three").await;
-    on_b.until(SLACK * 5, finished(3)).await.expect("then live again");
+    on_b.until(SLACK * 5, turn_finished(3)).await.expect("then live again");
 
     let ids: Vec<String> = on_b.ids();
     let expected: Vec<String> = (1..=12).map(|seq| format!("1-{seq}")).collect();

@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use localcluster::{Cluster, ClusterOptions, Observer};
+use localcluster::{observer::turn_finished, Cluster, ClusterOptions, Observer};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -24,13 +24,6 @@ async fn turn_at(
         .post(&format!("/v1/sessions/{key}/turns"), body.to_string().into(), Some(node))
         .await
         .unwrap()
-}
-
-fn is_finished(history_len: u64) -> impl Fn(&localcluster::observer::Frame) -> bool {
-    move |f| {
-        f.event.as_deref() == Some("turn_finished")
-            && f.data.contains(&format!("\"history_len\":{history_len}"))
-    }
 }
 
 /// Ids as (epoch, seq), asserting they strictly increase.
@@ -60,7 +53,7 @@ async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_l
     let mut on_b = Observer::open(&stream_url(&cluster, 1, key), None).await.unwrap();
     let mut on_c = Observer::open(&stream_url(&cluster, 2, key), None).await.unwrap();
     for observer in [&mut on_b, &mut on_c] {
-        observer.until(WAIT, is_finished(1)).await.unwrap(); // replay of the last turn: upstream is live
+        observer.until(WAIT, turn_finished(1)).await.unwrap(); // replay of the last turn: upstream is live
     }
     let turn = tokio::spawn({
         let client = cluster.client();
@@ -74,7 +67,7 @@ async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_l
     assert_eq!(turn.await.unwrap().status, 200);
 
     for (name, observer) in [("B", &mut on_b), ("C", &mut on_c), ("late C", &mut late_on_c)] {
-        observer.until(WAIT, is_finished(2)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        observer.until(WAIT, turn_finished(2)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     // Turn one: 1-1 started, 1-2 finished. Turn two: 1-3 started, 1-4..1-13 tokens, 1-14 finished.
     let all: Vec<(i64, u64)> = (1..=14).map(|s| (1, s)).collect();
@@ -100,7 +93,7 @@ async fn observers_follow_the_session_when_its_owner_dies() {
     let mut on_b = Observer::open(&stream_url(&cluster, 1, key), None).await.unwrap();
     let mut on_c = Observer::open(&stream_url(&cluster, 2, key), None).await.unwrap();
     for observer in [&mut on_b, &mut on_c] {
-        observer.until(WAIT, is_finished(1)).await.unwrap();
+        observer.until(WAIT, turn_finished(1)).await.unwrap();
     }
 
     cluster.nodes[0].kill9();
@@ -112,7 +105,7 @@ async fn observers_follow_the_session_when_its_owner_dies() {
     assert_eq!((answer.status, answer.epoch), (200, Some(2)));
 
     for (name, observer) in [("B", &mut on_b), ("C", &mut on_c)] {
-        observer.until(WAIT, is_finished(2)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        observer.until(WAIT, turn_finished(2)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(
             !observer.seen.iter().any(|f| f.event.as_deref() == Some("reconnect")),
             "{name} kept its connection"
@@ -139,7 +132,7 @@ async fn a_thousand_observers_over_three_nodes_cost_one_upstream_per_node() {
         observers.push(Observer::open(&stream_url(&cluster, i % 3, key), None).await.unwrap());
     }
     for observer in &mut observers {
-        observer.until(WAIT, is_finished(1)).await.unwrap();
+        observer.until(WAIT, turn_finished(1)).await.unwrap();
     }
     assert_eq!(cluster.nodes[0].metric("leasehold_upstreams", "").await, 0.0, "the owner needs none");
     for node in &cluster.nodes[1..] {
@@ -158,7 +151,7 @@ async fn a_thousand_observers_over_three_nodes_cost_one_upstream_per_node() {
 
     turn_at(&cluster, 1, key, json!({ "text": "two", "tokens": 2 })).await;
     for observer in &mut observers {
-        observer.until(WAIT, is_finished(2)).await.unwrap();
+        observer.until(WAIT, turn_finished(2)).await.unwrap();
         assert_eq!(observer.ids().len(), 6, "replayed turn (2 events) + live turn (4 events)");
     }
 }
@@ -171,7 +164,7 @@ async fn a_stream_with_no_owner_stays_open_and_says_idle() {
     observer.until(WAIT, |f| f.event.as_deref() == Some("idle")).await.unwrap();
     // The first turn gives it an owner; the observer sees it without reconnecting.
     turn_at(&cluster, 0, "nobody-yet", json!({ "text": "hi", "tokens": 1 })).await;
-    observer.until(WAIT, is_finished(1)).await.unwrap();
+    observer.until(WAIT, turn_finished(1)).await.unwrap();
     assert_eq!(strictly_increasing(&observer.ids()), [(1, 1), (1, 2), (1, 3)]);
 }
 
@@ -196,7 +189,7 @@ async fn an_observer_joining_an_idle_session_gets_only_what_comes_after() {
     let mut observer = Observer::open(&stream_url(&cluster, 1, key), None).await.unwrap();
     observer.until(WAIT, |f| f.event.as_deref() == Some("idle")).await.unwrap();
     turn_at(&cluster, 0, key, json!({ "text": "new", "tokens": 1 })).await;
-    observer.until(WAIT, is_finished(3)).await.unwrap();
+    observer.until(WAIT, turn_finished(3)).await.unwrap();
     assert_eq!(strictly_increasing(&observer.ids()), [(2, 1), (2, 2), (2, 3)], "{:?}", observer.seen);
 }
 
@@ -208,7 +201,7 @@ async fn resuming_with_last_event_id_and_bad_ids() {
     turn_at(&cluster, 0, key, json!({ "text": "one", "tokens": 2 })).await;
     turn_at(&cluster, 0, key, json!({ "text": "two", "tokens": 2 })).await;
     let mut observer = Observer::open(&stream_url(&cluster, 1, key), Some("1-2")).await.unwrap();
-    observer.until(WAIT, is_finished(2)).await.unwrap();
+    observer.until(WAIT, turn_finished(2)).await.unwrap();
     let expected: Vec<(i64, u64)> = (3..=8).map(|s| (1, s)).collect();
     assert_eq!(strictly_increasing(&observer.ids()), expected, "everything after 1-2, across both turns");
     let bad = reqwest::get(format!("{}?after=banana", stream_url(&cluster, 0, key))).await.unwrap();
