@@ -27,6 +27,10 @@ pub const OWNER_NAME: HeaderName = HeaderName::from_static(OWNER_HEADER);
 
 /// The agent is on loopback: a connection that takes longer than this is not coming.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A connection to the agent unused this long is not reused: agents' servers close idle
+/// keep-alive connections early (gunicorn after 2 s, uvicorn and Node after 5 s) and a
+/// turn sent into that close would be lost; a new loopback connection is cheap next to a turn.
+const AGENT_POOL_IDLE: Duration = Duration::from_secs(1);
 /// A stand-down is a notification; an agent that cannot take it in this time is stuck,
 /// and the fence protects the data anyway.
 const STAND_DOWN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -79,7 +83,7 @@ pub struct Agent {
 impl Agent {
     pub fn new(base: &str) -> Self {
         // A turn runs as long as the agent needs: no response timeout.
-        let client = Upstream::new(AGENT_CONNECT_TIMEOUT, None);
+        let client = Upstream::new(AGENT_CONNECT_TIMEOUT, None, AGENT_POOL_IDLE);
         Agent { client, base: base.trim_end_matches('/').to_owned(), down: Arc::default() }
     }
 

@@ -6,7 +6,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -65,9 +65,13 @@ pub struct Upstream {
 
 #[derive(Debug)]
 struct Inner {
-    /// Connections by `host:port`; each may still be reading an earlier answer.
-    idle: Mutex<HashMap<String, Vec<Sender>>>,
+    /// Connections by `host:port` with when each was put back; each may still be
+    /// reading an earlier answer.
+    idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
     connect_timeout: Duration,
+    /// A connection unused for this long is not reused: below the upstream's own idle
+    /// close, so a request is never sent into a connection the upstream is closing.
+    pool_idle: Duration,
     /// Longest wait for the answer's head; `None` waits as long as it takes.
     response_timeout: Option<Duration>,
 }
@@ -83,8 +87,8 @@ pub(crate) fn split(uri: &str) -> Result<(&str, &str), Error> {
 }
 
 impl Upstream {
-    pub fn new(connect_timeout: Duration, response_timeout: Option<Duration>) -> Self {
-        let inner = Inner { idle: Mutex::default(), connect_timeout, response_timeout };
+    pub fn new(connect_timeout: Duration, response_timeout: Option<Duration>, pool_idle: Duration) -> Self {
+        let inner = Inner { idle: Mutex::default(), connect_timeout, pool_idle, response_timeout };
         Upstream { inner: Arc::new(inner) }
     }
 
@@ -142,27 +146,30 @@ impl Upstream {
         }
     }
 
-    /// An idle connection to `authority` ready for a request; closed ones are dropped.
+    /// An idle connection to `authority` ready for a request; closed ones, and ones
+    /// unused for the pool's idle bound, are dropped.
     fn checkout(&self, authority: &str) -> Option<Sender> {
         let mut idle = self.inner.idle.lock().expect("upstream pool lock");
         let conns = idle.get_mut(authority)?;
-        conns.retain(|c| !c.is_closed());
+        let now = Instant::now();
+        conns.retain(|(c, since)| !c.is_closed() && now.duration_since(*since) < self.inner.pool_idle);
         if conns.is_empty() {
             idle.remove(authority); // an upstream that went away leaves nothing behind
             return None;
         }
-        let ready = conns.iter().rposition(SendRequest::is_ready)?;
-        Some(conns.swap_remove(ready))
+        let ready = conns.iter().rposition(|(c, _)| c.is_ready())?;
+        Some(conns.swap_remove(ready).0)
     }
 
     /// Back into the pool: ready again once its answer has been read.
     fn checkin(&self, authority: &str, sender: Sender) {
+        let since = Instant::now();
         let mut idle = self.inner.idle.lock().expect("upstream pool lock");
         match idle.get_mut(authority) {
             Some(conns) if conns.len() >= MAX_IDLE_PER_UPSTREAM => {}
-            Some(conns) => conns.push(sender),
+            Some(conns) => conns.push((sender, since)),
             None => {
-                idle.insert(authority.to_owned(), vec![sender]);
+                idle.insert(authority.to_owned(), vec![(sender, since)]);
             }
         }
     }
@@ -209,6 +216,9 @@ mod tests {
 
     use super::*;
 
+    /// Longer than any test here runs: pooled connections stay reusable.
+    const POOL_IDLE: Duration = Duration::from_secs(60);
+
     #[tokio::test]
     async fn a_connection_is_set_to_notice_a_silent_peer() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -239,7 +249,7 @@ mod tests {
     #[tokio::test]
     async fn posts_with_headers_and_length_and_reads_the_answer() {
         let (addr, server) = answer_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
-        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)), POOL_IDLE);
         let headers = [(http::HeaderName::from_static("x-probe"), http::HeaderValue::from_static("1"))];
         let response =
             upstream.post(&format!("http://{addr}/p"), headers, Bytes::from_static(b"body")).await.unwrap();
@@ -284,7 +294,7 @@ mod tests {
     #[tokio::test]
     async fn sequential_requests_share_one_connection() {
         let (addr, accepted) = keep_alive_server(usize::MAX).await;
-        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)), POOL_IDLE);
         for _ in 0..20 {
             let response =
                 upstream.post(&format!("http://{addr}/p"), [], Bytes::from_static(b"x")).await.unwrap();
@@ -294,9 +304,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_unused_past_the_pool_idle_bound_is_not_reused() {
+        let (addr, accepted) = keep_alive_server(usize::MAX).await;
+        let upstream =
+            Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)), Duration::from_millis(300));
+        let post = async || {
+            let response = upstream.post(&format!("http://{addr}/p"), [], Bytes::new()).await.unwrap();
+            assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+            accepted.load(std::sync::atomic::Ordering::SeqCst)
+        };
+        assert_eq!(post().await, 1);
+        assert_eq!(post().await, 1, "reused within the bound");
+        tokio::time::sleep(Duration::from_millis(500)).await; // the server still holds it open
+        assert_eq!(post().await, 2, "a new connection after the bound");
+        assert_eq!(post().await, 2, "and that one is pooled");
+    }
+
+    #[tokio::test]
     async fn a_connection_the_upstream_closed_is_replaced_without_an_error() {
         let (addr, accepted) = keep_alive_server(1).await;
-        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)), POOL_IDLE);
         for _ in 0..5 {
             let response =
                 upstream.post(&format!("http://{addr}/p"), [], Bytes::from_static(b"x")).await.unwrap();
@@ -308,7 +335,7 @@ mod tests {
     #[tokio::test]
     async fn an_upstream_that_went_away_leaves_no_pool_entry() {
         let (addr, _) = keep_alive_server(1).await;
-        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)), POOL_IDLE);
         let response = upstream.post(&format!("http://{addr}/p"), [], Bytes::new()).await.unwrap();
         response.into_body().collect().await.unwrap();
         assert!(upstream.inner.idle.lock().unwrap().contains_key(&addr), "pooled after the answer");
@@ -327,7 +354,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_requests_each_get_a_connection_and_all_are_answered() {
         let (addr, accepted) = keep_alive_server(usize::MAX).await;
-        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_secs(5)), POOL_IDLE);
         let tasks: Vec<_> = (0..8)
             .map(|_| {
                 let (upstream, uri) = (upstream.clone(), format!("http://{addr}/p"));
@@ -357,7 +384,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let upstream = Upstream::new(Duration::from_secs(1), None);
+        let upstream = Upstream::new(Duration::from_secs(1), None, POOL_IDLE);
         let err = upstream.post(&format!("http://{addr}/"), [], Bytes::new()).await.unwrap_err();
         assert!(err.is_connect(), "{err:?}");
     }
@@ -366,7 +393,7 @@ mod tests {
     async fn a_silent_peer_times_out_and_is_not_a_connect_error() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_millis(100)));
+        let upstream = Upstream::new(Duration::from_secs(1), Some(Duration::from_millis(100)), POOL_IDLE);
         let err = upstream.post(&format!("http://{addr}/"), [], Bytes::new()).await.unwrap_err();
         assert!(matches!(err, Error::Timeout(_)) && !err.is_connect(), "{err:?}");
         drop(listener);

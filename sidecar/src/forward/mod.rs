@@ -17,6 +17,9 @@ const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest a forwarded turn may take to start answering; long agent turns are normal,
 /// and a timeout here is surfaced as `owner_failed` (the turn may still be running).
 const PEER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A connection to a peer unused this long is not reused: half the peer's own idle close
+/// (`http::server::IDLE_TIMEOUT`), so no turn is sent into a connection being closed.
+const PEER_POOL_IDLE: Duration = Duration::from_secs(crate::http::server::IDLE_TIMEOUT.as_secs() / 2);
 
 /// The path a turn takes on the owner's peer listener.
 pub fn peer_path(turn: &Turn) -> String {
@@ -51,7 +54,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     pub fn new(secret: Option<&str>) -> Self {
-        let client = Upstream::new(PEER_CONNECT_TIMEOUT, Some(PEER_RESPONSE_TIMEOUT));
+        let client = Upstream::new(PEER_CONNECT_TIMEOUT, Some(PEER_RESPONSE_TIMEOUT), PEER_POOL_IDLE);
         let streams = reqwest::Client::builder()
             .connect_timeout(PEER_CONNECT_TIMEOUT)
             .tcp_nodelay(true)

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod head_timer;
 pub mod peer;
 pub mod public;
 pub mod relay;

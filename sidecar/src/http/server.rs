@@ -5,16 +5,21 @@
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
-    service::TowerToHyperService,
-};
+use hyper::server::conn::http1;
+use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// A client must send its request headers within this (slowloris protection).
+use super::head_timer::{self, HeadTimeouts};
+
+/// A client must send its request headers within this of their first byte, or of
+/// connecting for a connection's first request (slowloris protection).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A keep-alive connection with no request for this long is closed: longer than the
+/// 90 s clients keep idle connections pooled (Go's transport in the API server's proxy,
+/// reqwest, hyper-util), so the client retires a connection before the server does and
+/// no request is sent into a close.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(180);
 /// A request body must arrive within this once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Upper bound on the request head (request line + headers); larger gets 431.
@@ -25,12 +30,24 @@ pub const GRACEFUL_SHUTDOWN: Duration = Duration::from_secs(1);
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
 pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) {
+    let timeouts = HeadTimeouts { header_read: HEADER_READ_TIMEOUT, idle: IDLE_TIMEOUT };
+    serve_with(listener, router, shutdown, timeouts).await;
+}
+
+/// [`serve`] with other bounds on waiting for a request head.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    timeouts: HeadTimeouts,
+) {
     let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(BODY_READ_TIMEOUT));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // HTTP/1 only: hyper-util's auto builder first waits, without a bound, for bytes to
+    // tell HTTP/1 from HTTP/2, so a connection that sends nothing would be kept forever.
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(timeouts.header_read)
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_HEAD_BYTES);
     let graceful = GracefulShutdown::new();
     loop {
@@ -47,7 +64,8 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+        let (stream, timer) = head_timer::watch(stream, timeouts);
+        let conn = builder.clone().timer(timer).serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -62,3 +80,6 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
         tracing::debug!("connections still open at shutdown; closing them");
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,140 @@
+//! The listener's bounds on waiting for a request head, over raw TCP on loopback.
+
+use std::time::{Duration, Instant};
+
+use axum::{routing::get, Router};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+const REQUEST: &[u8] = b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n";
+/// Far past every bound under test: a connection still open then is a failure.
+const NEVER: Duration = Duration::from_secs(10);
+
+/// A server on loopback with these bounds, answering `GET /ok` with `ok`; cancelled on drop.
+struct Server {
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn server(header_read: Duration, idle: Duration) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let router = Router::new().route("/ok", get(|| async { "ok" }));
+    tokio::spawn(serve_with(listener, router, shutdown.clone(), HeadTimeouts { header_read, idle }));
+    Server { addr, shutdown }
+}
+
+/// One exchange on `conn`: the status line of the answer, read up to its `ok` body.
+async fn exchange(conn: &mut TcpStream) -> String {
+    conn.write_all(REQUEST).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 512];
+    while !answer.ends_with(b"\r\n\r\nok") {
+        let n = tokio::time::timeout(NEVER, conn.read(&mut buf)).await.expect("an answer").unwrap();
+        assert!(n > 0, "closed before the answer: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_owned()
+}
+
+/// How long until the server closes `conn` (it must, within `NEVER`).
+async fn until_closed(conn: &mut TcpStream) -> Duration {
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(NEVER, conn.read_to_end(&mut rest)).await.expect("the server closes it").unwrap();
+    assert!(rest.is_empty(), "no answer to an incomplete head: {}", String::from_utf8_lossy(&rest));
+    started.elapsed()
+}
+
+/// The CI failure this pins: a client pools the connection for 90 s, the server closed it
+/// after the header timeout, and a request sent at that instant was lost.
+#[tokio::test]
+async fn a_keep_alive_connection_idle_past_the_header_timeout_serves_its_next_request() {
+    let server = server(Duration::from_millis(200), Duration::from_secs(5)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(exchange(&mut conn).await, "HTTP/1.1 200 OK");
+    tokio::time::sleep(Duration::from_millis(800)).await; // four header timeouts, idle
+    assert_eq!(exchange(&mut conn).await, "HTTP/1.1 200 OK", "the same connection, still open");
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let server = server(Duration::from_millis(100), Duration::from_millis(700)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(exchange(&mut conn).await, "HTTP/1.1 200 OK");
+    let waited = until_closed(&mut conn).await;
+    assert!(waited >= Duration::from_millis(600), "closed by the idle bound, not the header one: {waited:?}");
+}
+
+/// Slowloris on a keep-alive connection: the idle bound does not extend a started head.
+#[tokio::test]
+async fn a_head_begun_on_a_keep_alive_connection_has_the_header_timeout_from_its_first_byte() {
+    let server = server(Duration::from_millis(300), Duration::from_secs(60)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(exchange(&mut conn).await, "HTTP/1.1 200 OK");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    conn.write_all(b"GET /ok HTTP/1.1\r\n").await.unwrap();
+    let started = Instant::now();
+    // A byte now and then does not restart the bound.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        conn.write_all(b"x").await.unwrap();
+    }
+    let waited = started.elapsed() + until_closed(&mut conn).await;
+    assert!(waited >= Duration::from_millis(250), "not before the header bound: {waited:?}");
+}
+
+/// The first request of a connection is bounded from the accept: a connection that
+/// sends nothing is not kept for the idle bound.
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_header_timeout() {
+    let server = server(Duration::from_millis(300), Duration::from_secs(60)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    let waited = until_closed(&mut conn).await;
+    assert!(waited >= Duration::from_millis(200), "not before the header bound: {waited:?}");
+}
+
+/// A request head that arrives in pieces within the bound is served.
+#[tokio::test]
+async fn a_head_in_pieces_within_the_bound_is_served() {
+    let server = server(Duration::from_millis(500), Duration::from_secs(60)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(exchange(&mut conn).await, "HTTP/1.1 200 OK");
+    for piece in [&b"GET /ok HT"[..], b"TP/1.1\r\nhost:", b" x\r\n"] {
+        conn.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut last = [0u8; 2];
+    conn.write_all(b"\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"ok") {
+        let n = tokio::time::timeout(NEVER, conn.read(&mut last)).await.unwrap().unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&last[..n]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK"), "{}", String::from_utf8_lossy(&answer));
+}
+
+#[tokio::test]
+async fn an_oversized_head_is_refused_with_431() {
+    let server = server(Duration::from_secs(5), Duration::from_secs(60)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    let head = format!("GET /ok HTTP/1.1\r\nhost: x\r\nx-huge: {}\r\n\r\n", "h".repeat(100 * 1024));
+    let _ = conn.write_all(head.as_bytes()).await; // the server may stop reading early
+    let mut answer = vec![0u8; 256];
+    let n = tokio::time::timeout(NEVER, conn.read(&mut answer)).await.unwrap().unwrap_or(0);
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+}
