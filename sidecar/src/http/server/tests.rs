@@ -49,13 +49,19 @@ async fn exchange(conn: &mut TcpStream) -> String {
     String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_owned()
 }
 
-/// How long until the server closes `conn` (it must, within `NEVER`).
+/// How long until the server closes `conn` (it must, within `NEVER`), answering nothing.
 async fn until_closed(conn: &mut TcpStream) -> Duration {
+    let (waited, rest) = closed(conn).await;
+    assert!(rest.is_empty(), "no answer to an incomplete head: {}", String::from_utf8_lossy(&rest));
+    waited
+}
+
+/// How long until the server closes `conn`, and what it sent before.
+async fn closed(conn: &mut TcpStream) -> (Duration, Vec<u8>) {
     let started = Instant::now();
     let mut rest = Vec::new();
     tokio::time::timeout(NEVER, conn.read_to_end(&mut rest)).await.expect("the server closes it").unwrap();
-    assert!(rest.is_empty(), "no answer to an incomplete head: {}", String::from_utf8_lossy(&rest));
-    started.elapsed()
+    (started.elapsed(), rest)
 }
 
 /// The CI failure this pins: a client pools the connection for 90 s, the server closed it
@@ -137,4 +143,15 @@ async fn an_oversized_head_is_refused_with_431() {
     let n = tokio::time::timeout(NEVER, conn.read(&mut answer)).await.unwrap().unwrap_or(0);
     let answer = String::from_utf8_lossy(&answer[..n]);
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+}
+
+/// The ports speak HTTP/1.1: an HTTP/2 prior-knowledge client is closed on at once, not
+/// left waiting.
+#[tokio::test]
+async fn an_http2_prior_knowledge_connection_is_closed() {
+    let server = server(Duration::from_secs(5), Duration::from_secs(60)).await;
+    let mut conn = TcpStream::connect(server.addr).await.unwrap();
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    let (waited, _answer) = closed(&mut conn).await;
+    assert!(waited < Duration::from_secs(4), "before the header bound: {waited:?}");
 }
