@@ -30,6 +30,10 @@ use crate::{
     stores::Stores,
 };
 
+/// Lease changes re-count every AgentCluster's leases at most this often: a rollout
+/// hands dozens of sessions over within a second, and one refresh covers them all.
+const LEASE_CHANGES_COALESCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -67,11 +71,13 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
         http: reqwest::Client::new(),
     });
     let config = watcher::Config::default();
+    let lease_changes = ctx.stores.lease_changes(LEASE_CHANGES_COALESCE);
     let controller = Controller::new(api::<AgentCluster>(&client, ns), config.clone())
         .owns(api::<Deployment>(&client, ns), config.clone())
         .owns(api::<Service>(&client, ns), config.clone())
         .owns(api::<PodDisruptionBudget>(&client, ns), config.clone())
         .owns(api::<NetworkPolicy>(&client, ns), config)
+        .reconcile_all_on(lease_changes)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {

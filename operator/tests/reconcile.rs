@@ -476,3 +476,43 @@ fn operator_metrics_name_what_it_does() {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
+
+/// Lease counts (status, `pod-deletion-cost`) are refreshed when leases change, not only
+/// on the periodic refresh: a claim in a database the operator uses wakes the trigger
+/// the controller reconciles on; a quiet database does not.
+#[tokio::test]
+async fn a_lease_change_in_a_database_in_use_triggers_a_refresh() {
+    use futures_util::StreamExt;
+    const COALESCE: Duration = Duration::from_millis(50);
+    let db = database().await;
+    let stores = Stores::default();
+    let store = stores.get(&db).unwrap();
+    let mut refreshes = Box::pin(stores.lease_changes(COALESCE));
+    let quiet = tokio::time::timeout(Duration::from_millis(500), refreshes.next()).await;
+    assert!(quiet.is_err(), "no refresh while nothing changes");
+    // The listener connects in the background: claim until one is seen (a claim made
+    // before it listens is, by design, covered by the periodic refresh instead).
+    let owner = Owner::new_boot("chat-0");
+    store.register_boot(&owner, "127.0.0.1:1", Duration::from_secs(60)).await.unwrap();
+    let mut seen = false;
+    for i in 0..50 {
+        let key = SessionKey::parse(&format!("s{i}")).unwrap();
+        assert!(matches!(store.claim(&key, &owner).await.unwrap(), Claim::Claimed { .. }));
+        if tokio::time::timeout(Duration::from_millis(200), refreshes.next()).await.is_ok() {
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "a claim triggered a refresh");
+    // A burst of 20 changes makes a few refreshes (one per pause in which some arrived),
+    // not 20, then nothing.
+    for i in 100..120 {
+        store.claim(&SessionKey::parse(&format!("s{i}")).unwrap(), &owner).await.unwrap();
+    }
+    let mut after_burst = 0;
+    while tokio::time::timeout(Duration::from_millis(500), refreshes.next()).await.is_ok() {
+        after_burst += 1;
+        assert!(after_burst <= 5, "a burst is coalesced: {after_burst} refreshes");
+    }
+    assert!(after_burst >= 1, "the burst was seen");
+}
