@@ -130,6 +130,7 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_drains_first_then_lingers_and_exits() {
+    use leasehold_sidecar::drain::EXIT_QUIET;
     let _serial = support::serial().await;
     let db = support::database().await;
     let mut cluster = Cluster::start(&db, options()).await.unwrap();
@@ -159,19 +160,43 @@ async fn sigterm_drains_first_then_lingers_and_exits() {
         );
     }
 
-    // A drain first, then SIGTERM: exits within a second (refusing until then).
+    // A drain first, then SIGTERM: exits within a second (refusing until then) once the
+    // ports have been quiet for `EXIT_QUIET`.
     client.post("/v1/sessions/t-3/turns", json!({"text": "x"}).to_string().into(), Some(1)).await.unwrap();
     let report = cluster.nodes[1].drain(false).await;
     assert_eq!(report["handed_back"], 1);
     // The kubelet's preStop hook can only GET: the same idempotent drain.
     let again = cluster.nodes[1].drain(true).await;
     assert_eq!(again, report, "drain is idempotent");
+    tokio::time::sleep(EXIT_QUIET).await;
     let started = Instant::now();
     cluster.nodes[1].sidecar.signal(Signal::SIGTERM);
-    assert_refuses_draining(&cluster.nodes[1].public_url()).await;
     let status = cluster.nodes[1].sidecar.wait_exit(Duration::from_secs(5)).expect("exited");
     assert!(status.success());
     assert!(started.elapsed() < Duration::from_secs(1), "exit after a drain took {:?}", started.elapsed());
+
+    // The same while a client still sends to the drained node (a load balancer not yet
+    // told): every send is answered `draining` — none meets a connection closed under
+    // it — and the node exits only once they have stopped.
+    client.post("/v1/sessions/t-4/turns", json!({"text": "x"}).to_string().into(), Some(2)).await.unwrap();
+    cluster.nodes[2].drain(false).await;
+    cluster.nodes[2].sidecar.signal(Signal::SIGTERM);
+    let started = Instant::now();
+    let mut last_send = Instant::now();
+    while started.elapsed() < 3 * EXIT_QUIET {
+        assert_refuses_draining(&cluster.nodes[2].public_url()).await;
+        last_send = Instant::now();
+        tokio::time::sleep(EXIT_QUIET / 10).await;
+    }
+    assert!(cluster.nodes[2].sidecar.is_running(), "still answering while a client sends");
+    let status = cluster.nodes[2].sidecar.wait_exit(Duration::from_secs(10)).expect("exited");
+    assert!(status.success());
+    // (The node timed its quiet from just before our last answer arrived.)
+    let quiet = last_send.elapsed();
+    assert!(
+        quiet >= EXIT_QUIET * 4 / 5,
+        "exited {quiet:?} after the last send, before {EXIT_QUIET:?} of quiet"
+    );
 }
 
 /// A turn to a drained node that has not exited yet: `503 draining`.

@@ -33,7 +33,8 @@ pub const CLUSTER_LABEL: &str = "leasehold.dev/cluster";
 /// Hash of everything that shapes the pods: a change rolls the Deployment.
 pub const TEMPLATE_HASH: &str = "leasehold.dev/template-hash";
 /// Time on top of the drain timeout before SIGKILL: the hand-back, the sidecar's linger
-/// after it (at most 5.5 s, `leasehold_sidecar::drain::linger`) and process exit.
+/// after it (at most 5.5 s, `leasehold_sidecar::drain::linger`, or until clients stop
+/// sending, at most 8 s, `EXIT_QUIET_WAIT_MAX`) and process exit.
 pub const GRACE_MARGIN_SECS: i64 = 10;
 
 /// Labels of all children of `ac`.

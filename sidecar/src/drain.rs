@@ -3,7 +3,10 @@
 //! back in one statement → tell streams to reconnect → report.
 
 use std::{
-    sync::{Arc, OnceLock},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, OnceLock,
+    },
     time::Duration,
 };
 
@@ -28,6 +31,16 @@ const HAND_BACK_ATTEMPTS: u32 = 3;
 const HAND_BACK_RETRY: Duration = Duration::from_millis(500);
 /// Added to the holder-trust horizon in `linger`: a forwarder's claim-to-send time.
 const LINGER_MARGIN: Duration = Duration::from_millis(500);
+
+/// A drained sidecar exits only once no answer has gone out on its public or peer port
+/// for this long: a client still sending to it (a load balancer or an endpoint list not
+/// yet updated) holds pooled keep-alive connections, and one sent on at the instant they
+/// are closed at exit is lost. Past this much quiet the client has stopped.
+pub const EXIT_QUIET: Duration = Duration::from_secs(1);
+/// The wait for quiet ends this long after the drain however busy the ports still are:
+/// it must end within the termination grace period the operator gives on top of the
+/// drain timeout (`GRACE_MARGIN_SECS`, 10 s), past the longest `linger` (5.5 s).
+pub const EXIT_QUIET_WAIT_MAX: Duration = Duration::from_secs(8);
 
 /// How long a drained sidecar keeps its ports open before exiting. Another node may
 /// still forward a turn to us from its remembered holders until the hand-back's
@@ -56,6 +69,9 @@ pub struct Drain {
     done: OnceCell<Result<DrainReport, DrainError>>,
     /// When the sequence ended (leases handed back, or the attempt given up).
     ended_at: OnceLock<Instant>,
+    /// Since `created`, in ms: the last answer on the public or peer port while draining.
+    last_answer_ms: AtomicU64,
+    created: Instant,
     pub ownership: Arc<Ownership>,
     pub inflight: Arc<InFlight>,
     pub heartbeat: Stopper,
@@ -78,6 +94,8 @@ impl Drain {
             draining,
             done: OnceCell::new(),
             ended_at: OnceLock::new(),
+            last_answer_ms: AtomicU64::new(0),
+            created: Instant::now(),
             ownership,
             inflight,
             heartbeat,
@@ -110,6 +128,28 @@ impl Drain {
             })
             .await
             .clone()
+    }
+
+    /// An answer went out on the public or peer port (counted while draining).
+    pub fn answered(&self) {
+        let ms = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_answer_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Wait until neither an answer nor the drain's end is more recent than `quiet`,
+    /// giving up `max` after the drain ended (at once if it has not run).
+    pub async fn quiet_for(&self, quiet: Duration, max: Duration) {
+        let Some(&ended) = self.ended_at.get() else { return };
+        let give_up = ended + max;
+        loop {
+            let last_answer =
+                self.created + Duration::from_millis(self.last_answer_ms.load(Ordering::Relaxed));
+            let until = (last_answer.max(ended) + quiet).min(give_up);
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep_until(until).await;
+        }
     }
 
     /// Wait until `period` has passed since the drain ended (at once if it has already).
@@ -172,6 +212,13 @@ mod tests {
         assert_eq!(linger(Duration::from_secs(60)), HOLDER_MAX_TRUST + LINGER_MARGIN);
         for ttl in [1, 2, 10, 15, 60].map(Duration::from_secs) {
             assert!(linger(ttl) > (ttl / 2).min(HOLDER_MAX_TRUST), "{ttl:?}");
+        }
+    }
+
+    #[test]
+    fn the_wait_for_quiet_outlasts_any_linger() {
+        for ttl in [1, 2, 10, 15, 60, 3600].map(Duration::from_secs) {
+            assert!(EXIT_QUIET_WAIT_MAX >= linger(ttl) + EXIT_QUIET, "{ttl:?}");
         }
     }
 }

@@ -162,6 +162,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     } else {
         app.drain.linger_after(linger).await;
     }
+    // Clients still sending (answered `draining`, each connection closed after its
+    // answer) would meet their idle pooled connections closed under them: wait until
+    // they have stopped.
+    app.drain.quiet_for(drain::EXIT_QUIET, drain::EXIT_QUIET_WAIT_MAX).await;
     tracing::info!("shutting down");
     shutdown.cancel();
     server.await.context("server task")?;

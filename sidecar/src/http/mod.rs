@@ -26,13 +26,15 @@ use crate::{app::Sidecar, key::SessionKey};
 /// close` (as Envoy and nginx do in a drain): a client's pooled keep-alive connections to
 /// the pod are retired one by one as they are used, rather than all closed under it when
 /// the process exits, where a request sent at that instant is lost to the race (HTTP/1.1
-/// has no other way to tell a client to stop using an idle connection).
+/// has no other way to tell a client to stop using an idle connection). Each such answer
+/// also tells the drain that clients are still sending (`Drain::quiet_for`).
 pub fn close_when_draining(
     app: Arc<Sidecar>,
 ) -> tower::util::MapResponseLayer<impl Fn(Response) -> Response + Clone> {
     tower::util::MapResponseLayer::new(move |mut response: Response| {
         if app.drain.is_draining() {
             response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            app.drain.answered();
         }
         response
     })
