@@ -51,6 +51,7 @@ function binary(name: string): string {
 }
 
 export const DEMO_AGENT_JS = join(SDK_ROOT, "dist/examples/demo-agent.js");
+export const LANGGRAPH_AGENT_JS = join(SDK_ROOT, "dist/examples/langgraph-agent.js");
 
 // ---------------------------------------------------------------------------------------
 // Waiting on conditions
@@ -207,7 +208,11 @@ export function nextIp(): string {
 }
 
 /** What a node's agent is: the TypeScript demo agent process, or a handler served here. */
-export type AgentSpec = { kind: "demo" } | { kind: "in-process"; make: (node: { name: string; agentApiUrl: string }) => AgentHandler };
+export type AgentSpec =
+  | { kind: "demo" }
+  /** A compiled example (`dist/examples/*.js`) taking `--listen`, `--sidecar-url`, `--node-id`. */
+  | { kind: "program"; script: string }
+  | { kind: "in-process"; make: (node: { name: string; agentApiUrl: string }) => AgentHandler };
 
 export interface ClusterOptions {
   nodes?: number;
@@ -363,11 +368,11 @@ export class Cluster {
         const sidecar = new Proc(`${name}/sidecar`, binary("leasehold-sidecar"), args, join(logDir, `${name}-sidecar.log`), env);
         const node = new Node(name, ip, sidecar);
         nodes.push(node);
-        if (agent.kind === "demo") {
+        if (agent.kind === "demo" || agent.kind === "program") {
           node.agent = new Proc(
             `${name}/agent`,
             process.execPath,
-            [DEMO_AGENT_JS, "--listen", `${ip}:${AGENT_PORT}`, "--sidecar-url", node.agentApiUrl, "--node-id", name],
+            [agent.kind === "demo" ? DEMO_AGENT_JS : agent.script, "--listen", `${ip}:${AGENT_PORT}`, "--sidecar-url", node.agentApiUrl, "--node-id", name],
             join(logDir, `${name}-agent.log`),
           );
         } else {

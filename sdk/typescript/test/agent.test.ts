@@ -1,0 +1,180 @@
+/**
+ * The agent-side SDK against real sidecars, with the agents served from this process
+ * so the test sees what the SDK surfaced: a fenced checkpoint after the owner's sidecar
+ * was frozen past its TTL, stand-downs, turn ids, publish ids, release.
+ */
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { createAgentHandler, Fenced, SidecarApi, type AgentHandler, type Session } from "../src/agent.js";
+import { Cluster, gate, waitFor, withCluster } from "./support/cluster.js";
+
+type Nodes = Cluster["nodes"];
+
+interface Input {
+  text: string;
+  hold?: boolean;
+}
+
+interface Seen {
+  node: string;
+  key: string;
+  epoch: number;
+  turnId: string;
+  published: string[];
+  thawedEpoch: number | undefined;
+}
+
+test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenced, and nothing of it lands", async () => {
+  const held = gate();
+  const release = gate();
+  const zombieOutcome = gate<unknown>();
+  const seen: Seen[] = [];
+  const standDowns: string[] = [];
+  const make = ({ name, agentApiUrl }: { name: string; agentApiUrl: string }): AgentHandler =>
+    createAgentHandler({
+      sidecarUrl: agentApiUrl,
+      onStandDown: (key) => {
+        standDowns.push(`${name}:${key}`);
+      },
+      onError: () => undefined,
+      onTurn: async (session: Session, request) => {
+        const input = request.json<Input>();
+        const thawed = await session.thaw();
+        const history = thawed?.json<{ history: string[] }>().history ?? [];
+        const published = [await session.publish("turn_started", { text: input.text, node: name })];
+        seen.push({ node: name, key: session.key, epoch: session.epoch, turnId: session.turnId, published, thawedEpoch: thawed?.epoch });
+        if (input.hold === true) {
+          held.open();
+          await release.promise;
+          try {
+            await session.checkpoint({ history: [...history, input.text] });
+            zombieOutcome.open("landed");
+          } catch (error) {
+            zombieOutcome.open(error);
+            throw error; // the SDK answers 409 fenced
+          }
+        } else {
+          await session.checkpoint({ history: [...history, input.text] });
+        }
+        return { history_len: history.length + 1, epoch: session.epoch, node: name };
+      },
+    });
+
+  await withCluster({ leaseTtlMs: 2000, heartbeatMs: 400, agent: { kind: "in-process", make } }, async (cluster) => {
+    const [a, b, c] = cluster.nodes as [Nodes[number], Nodes[number], Nodes[number]];
+    const key = "frozen-owner";
+    const first = await cluster.client({}, [a]).sendTurn(key, { text: "first" });
+    assert.equal(first.owner, "node-a");
+    assert.equal(seen[0]?.turnId, first.idempotencyKey, "the agent's turn id is the client's key");
+    assert.match(seen[0]?.published[0] ?? "", /^1-\d+$/, "publish returns <epoch>-<seq>");
+
+    // A turn starts on node-a and holds before its checkpoint; node-a's sidecar freezes.
+    const zombie = fetch(`${a.publicUrl}/v1/sessions/${key}/turns`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ text: "zombie", hold: true }),
+    }).then(async (r) => ({ status: r.status, body: await r.text() }));
+    await held.promise;
+    a.sidecar.pause();
+    try {
+      const others = cluster.client({}, [b, c]);
+      await waitFor("node-a's lease to lapse", async () => (await others.session(key)).claimable, 10_000, 100);
+      const after = await others.sendTurn(key, { text: "after" });
+      assert.equal(after.epoch, 2, "taken over");
+      assert.notEqual(after.owner, "node-a");
+      assert.equal((await after.json<{ history_len: number }>()).history_len, 2);
+      assert.equal(seen.at(-1)?.thawedEpoch, 1, "the new owner thawed node-a's checkpoint of epoch 1");
+      // The zombie goes on to write its checkpoint into the frozen sidecar.
+      release.open();
+    } finally {
+      a.sidecar.resume();
+    }
+
+    const answer = await zombie;
+    const zombieError = await zombieOutcome.promise;
+    assert.ok(zombieError instanceof Fenced, `the zombie's checkpoint threw Fenced, got ${String(zombieError)}`);
+    console.log(`zombie checkpoint refused via ${zombieError.via}`);
+    assert.equal(answer.status, 503, answer.body);
+    assert.equal(JSON.parse(answer.body).error, "fenced", "node-a turned the agent's 409 into a fenced directive");
+    await waitFor("node-a's stand-down of the session", () => standDowns.includes(`node-a:${key}`));
+
+    // What is stored is the new owner's history; node-a's write never landed.
+    const stored = await new SidecarApi(b.agentApiUrl).getCheckpoint(key);
+    assert.deepEqual(stored?.json(), { history: ["first", "after"] });
+    assert.equal(stored?.epoch, 2);
+
+    // A write at the old epoch is refused by the fence on any node (the sidecar's 409).
+    for (const node of [a, b]) {
+      await assert.rejects(new SidecarApi(node.agentApiUrl).putCheckpoint(key, 1, { history: ["stale"] }), (error: unknown) => {
+        assert.ok(error instanceof Fenced);
+        assert.equal(error.via, "sidecar");
+        return true;
+      });
+    }
+    // And the handler answers a Fenced thrown out of a turn with 409 {"error":"fenced"}
+    // (a dispatch at the stale epoch, sent to node-b's agent the way its sidecar would).
+    const direct = await fetch(`${b.agentUrl}/sessions/${key}/turns`, {
+      method: "POST",
+      headers: { "leasehold-epoch": "1", "leasehold-turn-id": crypto.randomUUID(), "content-type": "application/json" },
+      body: JSON.stringify({ text: "stale dispatch" }),
+    });
+    assert.equal(direct.status, 409);
+    assert.deepEqual(await direct.json(), { error: "fenced" });
+    const final = await new SidecarApi(b.agentApiUrl).getCheckpoint(key);
+    assert.deepEqual(final?.json(), { history: ["first", "after"] });
+  });
+});
+
+test("stand-down aborts a running turn's signal with Fenced; release makes the session claimable at once", async () => {
+  const held = gate();
+  let reason: unknown;
+  let afterStandDown: unknown;
+  const make = ({ name, agentApiUrl }: { name: string; agentApiUrl: string }): AgentHandler =>
+    createAgentHandler({
+      sidecarUrl: agentApiUrl,
+      onTurn: async (session, request) => {
+        const input = request.json<Input & { release?: boolean }>();
+        await session.checkpoint({ text: input.text });
+        if (input.release === true) {
+          await session.release();
+          return { released: true, node: name };
+        }
+        if (input.hold === true) {
+          held.open();
+          await new Promise((resolve) => session.signal.addEventListener("abort", resolve, { once: true }));
+          reason = session.signal.reason;
+          afterStandDown = await session.publish("late", {}).catch((e: unknown) => e);
+          session.throwIfHalted();
+        }
+        return { node: name, epoch: session.epoch };
+      },
+    });
+  await withCluster({ drainTimeoutMs: 500, agent: { kind: "in-process", make } }, async (cluster) => {
+    const [a, b] = cluster.nodes as [Nodes[number], Nodes[number]];
+    const key = "stand-down";
+    const toA = cluster.client({}, [a]);
+    assert.equal((await toA.sendTurn(key, { text: "one" })).owner, "node-a");
+    const turn = fetch(`${a.publicUrl}/v1/sessions/${key}/turns`, {
+      method: "POST",
+      body: JSON.stringify({ text: "held", hold: true }),
+    }).then((r) => r.status);
+    await held.promise;
+    const report = await fetch(`${a.adminUrl}/drain`, { method: "POST" }).then((r) => r.json() as Promise<{ in_flight_stood_down: number }>);
+    assert.equal(report.in_flight_stood_down, 1);
+    assert.ok(reason instanceof Fenced, String(reason));
+    assert.equal(reason.via, "stand-down");
+    assert.ok(afterStandDown instanceof Fenced, "writes after a stand-down throw Fenced without a round trip");
+    assert.notEqual(await turn, 200);
+
+    // release(): the lease is handed back, claimable before any TTL.
+    const key2 = "released";
+    const toB = cluster.client({}, [b]);
+    const released = await toB.sendTurn(key2, { text: "x", release: true });
+    assert.deepEqual(await released.json(), { released: true, node: "node-b" });
+    const info = await toB.session(key2);
+    assert.equal(info.claimable, true, "released: claimable at once");
+    assert.equal(info.owner, null);
+  });
+});
