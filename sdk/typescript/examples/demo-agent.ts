@@ -67,7 +67,7 @@ const sidecarUrl = values["sidecar-url"] ?? process.env.LEASEHOLD_SIDECAR_URL ??
 const nodeId = values["node-id"] ?? process.env.LEASEHOLD_NODE_ID ?? process.env.POD_NAME ?? process.env.HOSTNAME ?? (hostname() || "demo");
 
 function parseInput(request: AgentRequest): Input {
-  const input = request.json<unknown>();
+  const input = request.json();
   if (typeof input !== "object" || input === null || Array.isArray(input)) {
     throw new AgentError(400, "malformed_json", "the body must be a JSON object");
   }

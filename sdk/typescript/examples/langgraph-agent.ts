@@ -54,12 +54,12 @@ async function onTurn(session: Session, request: { json<T>(): T }): Promise<unkn
   const config = { configurable: { thread_id: session.key }, signal: session.signal };
   // The input goes in through `reply` (the receive node moves it into messages).
   const stream = await graph.stream({ reply: text }, { ...config, streamMode: "updates" as const });
-  for await (const update of publishGraphStream(session, stream, { type: "graph_update" })) {
-    void update; // every node's update is published to the session's observers
-  }
-  const { values: state } = await graph.getState(config);
-  const final = state as typeof State.State;
-  return { reply: final.reply, turns: final.turns, messages: final.messages.length, epoch: session.epoch, node: nodeId };
+  // Every node's update is published to the session's observers as it happens.
+  let updates = 0;
+  for await (const _update of publishGraphStream(session, stream, { type: "graph_update" })) updates += 1;
+  const snapshot = await graph.getState(config);
+  const final = snapshot.values as typeof State.State;
+  return { reply: final.reply, turns: final.turns, messages: final.messages.length, updates, epoch: session.epoch, node: nodeId };
 }
 
 const agent = createAgentHandler({ onTurn, sidecarUrl });

@@ -131,7 +131,7 @@ export class SidecarApi {
   async journalEvents(key: string, turnId: string, signal?: AbortSignal): Promise<JournalEvent[]> {
     const response = await this.send(this.url(key, `turns/${encodeURIComponent(turnId)}/events`), { signal: signal ?? null });
     if (!response.ok) throw await SidecarApi.refused(response, false);
-    const list = (await response.json()) as unknown;
+    const list: unknown = await response.json();
     if (!Array.isArray(list)) throw new SidecarRefused(response.status, response.headers, JSON.stringify(list), { code: "malformed_journal" });
     return list.map((e: unknown) => {
       const { id, type, data } = (e ?? {}) as { id?: unknown; type?: unknown; data?: unknown };

@@ -454,7 +454,7 @@ export class Client {
               break; // the connection broke: reconnect
             }
             if (chunk.done) break;
-            for (const frame of parser.push(chunk.value)) {
+            for (const frame of parser.push(chunk.value as Uint8Array)) {
               if (frame.retry !== undefined) retryMs = frame.retry;
               if (frame.id === undefined) {
                 const data = parseJsonOrText(frame.data);

@@ -178,7 +178,7 @@ export function errorCode(body: string): string | undefined {
   try {
     const parsed = JSON.parse(body) as unknown;
     if (typeof parsed === "object" && parsed !== null && "error" in parsed) {
-      const code = (parsed as { error: unknown }).error;
+      const code: unknown = parsed.error;
       return typeof code === "string" ? code : undefined;
     }
   } catch {

@@ -125,7 +125,7 @@ export class LeaseholdSaver extends BaseCheckpointSaver {
   private threadOf(config: RunnableConfig): string {
     const threadId: unknown = config.configurable?.thread_id;
     if (threadId !== undefined && threadId !== this.session.key) {
-      throw new Error(`LeaseholdSaver for session ${this.session.key} cannot serve thread_id ${String(threadId)}: thread_id is the session key`);
+      throw new Error(`LeaseholdSaver for session ${this.session.key} cannot serve thread_id ${JSON.stringify(threadId)}: thread_id is the session key`);
     }
     return this.session.key;
   }

@@ -67,8 +67,10 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
     const key = "frozen-owner";
     const first = await cluster.client({}, [a]).sendTurn(key, { text: "first" });
     assert.equal(first.owner, "node-a");
-    assert.equal(seen[0]?.turnId, first.idempotencyKey, "the agent's turn id is the client's key");
-    assert.match(seen[0]?.published[0] ?? "", /^1-\d+$/, "publish returns <epoch>-<seq>");
+    const firstSeen = seen[0];
+    assert.ok(firstSeen);
+    assert.equal(firstSeen.turnId, first.idempotencyKey, "the agent's turn id is the client's key");
+    assert.match(firstSeen.published[0] ?? "", /^1-\d+$/, "publish returns <epoch>-<seq>");
 
     // A turn starts on node-a and holds before its checkpoint; node-a's sidecar freezes.
     const zombie = fetch(`${a.publicUrl}/v1/sessions/${key}/turns`, {
@@ -97,13 +99,13 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
     assert.ok(zombieError instanceof Fenced, `the zombie's checkpoint threw Fenced, got ${String(zombieError)}`);
     console.log(`zombie checkpoint refused via ${zombieError.via}`);
     assert.equal(answer.status, 503, answer.body);
-    assert.equal(JSON.parse(answer.body).error, "fenced", "node-a turned the agent's 409 into a fenced directive");
+    assert.equal((JSON.parse(answer.body) as { error: string }).error, "fenced", "node-a turned the agent's 409 into a fenced directive");
     await waitFor("node-a's stand-down of the session", () => standDowns.includes(`node-a:${key}`));
 
     // What is stored is the new owner's history; node-a's write never landed.
     const stored = await new SidecarApi(b.agentApiUrl).getCheckpoint(key);
     assert.deepEqual(stored?.json(), { history: ["first", "after"] });
-    assert.equal(stored?.epoch, 2);
+    assert.equal(stored.epoch, 2);
 
     // A write at the old epoch is refused by the fence on any node (the sidecar's 409).
     for (const node of [a, b]) {
@@ -143,7 +145,9 @@ test("stand-down aborts a running turn's signal with Fenced; release makes the s
         }
         if (input.hold === true) {
           held.open();
-          await new Promise((resolve) => session.signal.addEventListener("abort", resolve, { once: true }));
+          await new Promise((resolve) => {
+            session.signal.addEventListener("abort", resolve, { once: true });
+          });
           reason = session.signal.reason;
           afterStandDown = await session.publish("late", {}).catch((e: unknown) => e);
           session.throwIfHalted();

@@ -67,7 +67,7 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
       lastError = error;
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === undefined ? "" : `: ${String(lastError)}`}`);
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError === undefined ? "" : `: ${lastError instanceof Error ? lastError.message : JSON.stringify(lastError)}`}`);
     }
     await new Promise((r) => setTimeout(r, intervalMs));
   }
@@ -264,7 +264,11 @@ export class Node {
     this.server = undefined;
     if (server) {
       server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await new Promise<void>((resolve) => {
+        server.close(() => {
+          resolve();
+        });
+      });
     }
   }
 
