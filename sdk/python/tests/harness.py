@@ -224,6 +224,7 @@ class ThreadedAgent:
 
     def kill9(self) -> None:
         self.server.should_exit = True
+        self.server.force_exit = True  # do not wait for handlers still running
         self.thread.join(timeout=10)
 
     def log_tail(self, lines: int = 40) -> str:
