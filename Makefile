@@ -52,6 +52,6 @@ fmt: ## format the code
 bench: deps ## benchmarks with their baselines (results go into BENCHMARKS.md by hand)
 	command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx-light)
 	cargo build --release --workspace --bins --locked
-	scripts/with-postgres.sh cargo bench -p leasehold-sidecar --bench store
+	scripts/with-postgres.sh cargo bench -p leasehold-core --bench store
 	scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench hop
 	scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench observe

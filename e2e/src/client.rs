@@ -4,44 +4,17 @@
 //! never invents a retry. A request the API server could not deliver to the pod (gone,
 //! refused) never reached it, so another pod is tried, as a load balancer would.
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use leasehold_sidecar::{
-    directive::RefusalBody,
-    dispatch::{EPOCH_HEADER, OWNER_HEADER},
+pub use leasehold_core::directive::Answer;
+use leasehold_core::{
+    directive::{directive_in, Obeying, RefusalBody},
+    headers,
 };
-use tokio::time::Instant;
 
 use crate::{
     pods::{self, ReadyPods},
     proxy::{never_reached, PodProxy, ProxyError, Reply, PUBLIC_PORT},
 };
-
-/// The final answer to a request, after any directed retries.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: u16,
-    pub owner: Option<String>,
-    pub epoch: Option<i64>,
-    pub body: Bytes,
-    /// The directive codes obeyed on the way, in order.
-    pub directives: Vec<String>,
-    /// Pods the API server could not deliver the request to, in order, with why.
-    pub not_reached: Vec<(String, String)>,
-    /// The pod that gave the final answer.
-    pub pod: String,
-}
-
-impl Answer {
-    pub fn json(&self) -> Option<serde_json::Value> {
-        serde_json::from_slice(&self.body).ok()
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
 
 #[derive(Debug)]
 pub enum ClientError {
@@ -106,14 +79,10 @@ fn classify(reply: Reply) -> Attempt {
         }
         return Attempt::Final(reply);
     }
-    if reply.status == 503 {
-        if let Ok(refusal) = serde_json::from_slice::<RefusalBody>(&reply.body) {
-            if refusal.retry.is_some() {
-                return Attempt::Directive(refusal);
-            }
-        }
+    match directive_in(reply.status, &reply.body) {
+        Some(refusal) => Attempt::Directive(refusal),
+        None => Attempt::Final(reply),
     }
-    Attempt::Final(reply)
 }
 
 #[derive(Debug, Clone)]
@@ -139,8 +108,7 @@ impl Client {
 
     /// POST to the public `path`, starting at pod `first` (or a random pod).
     pub async fn post(&self, path: &str, body: Bytes, first: Option<&str>) -> Result<Answer, ClientError> {
-        let started = Instant::now();
-        let mut directives = Vec::new();
+        let mut obeying = Obeying::default();
         let mut not_reached: Vec<(String, String)> = Vec::new();
         let mut tried: Vec<String> = Vec::new();
         let mut pod = first.map(str::to_owned).or_else(|| self.pods.pick(&[]));
@@ -160,12 +128,12 @@ impl Client {
                 Attempt::Final(reply) => {
                     return Ok(Answer {
                         status: reply.status,
-                        owner: reply.header(OWNER_HEADER),
-                        epoch: reply.header(EPOCH_HEADER).and_then(|e| e.parse().ok()),
+                        owner: reply.header(headers::OWNER.as_str()),
+                        epoch: reply.header(headers::EPOCH.as_str()).and_then(|e| e.parse().ok()),
                         body: reply.body,
-                        directives,
+                        directives: obeying.directives,
+                        answered_by: current,
                         not_reached,
-                        pod: current,
                     })
                 }
                 Attempt::NotReached(why) => {
@@ -177,13 +145,12 @@ impl Client {
                     }
                 }
                 Attempt::Directive(refusal) => {
-                    let retry = refusal.retry.expect("classified as a directive");
-                    directives.push(refusal.error.clone());
-                    let delay = Duration::from_millis(retry.delay_ms);
-                    if started.elapsed() + delay > Duration::from_millis(retry.budget_ms) {
-                        return Err(ClientError::GaveUp { last: refusal, directives });
+                    match obeying.obey(refusal) {
+                        Ok(delay) => tokio::time::sleep(delay).await,
+                        Err(last) => {
+                            return Err(ClientError::GaveUp { last, directives: obeying.directives })
+                        }
                     }
-                    tokio::time::sleep(delay).await;
                     tried.clear();
                     pod = self.pods.pick(&[]);
                 }

@@ -12,10 +12,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
-use leasehold_sidecar::{
-    key::SessionKey,
-    store::{Epoch, LeaseStore, Owner},
-};
+use leasehold_core::{store::LeaseStore, Epoch, Owner, SessionKey};
 use localcluster::{Cluster, ClusterOptions};
 use serde_json::json;
 use tokio::{

@@ -5,8 +5,8 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use leasehold_core::proof::PeerAuth;
 use leasehold_sidecar::client::Client;
-use leasehold_sidecar::forward::PeerAuth;
 use localcluster::{Cluster, ClusterOptions, Node};
 use rand::Rng;
 use serde_json::json;

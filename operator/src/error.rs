@@ -9,7 +9,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error("lease store failed")]
-    Store(#[from] leasehold_sidecar::store::Error),
+    Store(#[from] leasehold_core::store::Error),
     #[error("object has no namespace")]
     NotNamespaced,
     #[error("database secret {0} has no usable key {1}")]

@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use axum::{routing::get, Router};
-use leasehold_sidecar::metrics::exposition;
+use leasehold_core::exposition;
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -89,7 +89,10 @@ impl Metrics {
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
     let app = Router::new().route("/healthz", get(|| async { "ok" })).route(
         "/metrics",
-        get(move |headers: http::HeaderMap| async move { exposition::respond(&headers, metrics.encode()) }),
+        get(move |headers: http::HeaderMap| async move {
+            let (content_type, body) = exposition::negotiate(&headers, metrics.encode());
+            ([(http::header::CONTENT_TYPE, content_type)], body)
+        }),
     );
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).await

@@ -8,7 +8,7 @@ use std::{
 };
 
 use futures_util::Stream;
-use leasehold_sidecar::store::{self, LeaseStore};
+use leasehold_core::store::{self, LeaseStore};
 use tokio::sync::Notify;
 
 /// Connections per database: the operator runs a few statements per reconcile.

@@ -55,9 +55,8 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     );
     let pod = template.spec.as_ref().unwrap();
     assert_eq!(pod.termination_grace_period_seconds, Some(25 + build::GRACE_MARGIN_SECS));
-    // The margin covers the sidecar's wait for quiet after the drain and its shutdown.
-    let after_drain =
-        leasehold_sidecar::drain::EXIT_QUIET_WAIT_MAX + leasehold_sidecar::http::server::GRACEFUL_SHUTDOWN;
+    // The margin covers the sidecar's exit after the drain (its wait for quiet, its shutdown).
+    let after_drain = leasehold_core::lifecycle::MAX_EXIT_AFTER_DRAIN;
     assert!(after_drain.as_secs_f64() < build::GRACE_MARGIN_SECS as f64, "{after_drain:?}");
     let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", SIDECAR_CONTAINER]);

@@ -14,6 +14,10 @@ use kube::{
     runtime::events::{Recorder, Reporter},
     Client,
 };
+use leasehold_core::{
+    store::{Claim, LeaseStore},
+    Owner, SessionKey,
+};
 use leasehold_crds::AgentCluster;
 use leasehold_operator::{
     build::TEMPLATE_HASH,
@@ -21,10 +25,6 @@ use leasehold_operator::{
     metrics::Metrics,
     pods::{self, Seen},
     stores::Stores,
-};
-use leasehold_sidecar::{
-    key::SessionKey,
-    store::{Claim, LeaseStore, Owner},
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};

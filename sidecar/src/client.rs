@@ -10,36 +10,16 @@ use std::{
 };
 
 use bytes::Bytes;
-use tokio::time::Instant;
-
-use crate::{
-    directive::RefusalBody,
-    dispatch::{EPOCH_HEADER, OWNER_HEADER, TURN_ID_HEADER},
+pub use leasehold_core::directive::Answer;
+use leasehold_core::{
+    directive::{directive_in, Obeying, RefusalBody},
+    headers,
 };
 
 /// A request that cannot even connect within this is treated as a node that is down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Generous bound on one attempt: long turns are normal; a hung one is surfaced.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The final answer to a request, after any directed retries.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: u16,
-    pub owner: Option<String>,
-    pub epoch: Option<i64>,
-    pub body: Bytes,
-    /// The directive codes obeyed on the way, in order.
-    pub directives: Vec<String>,
-    /// Which node (index into the client's list) gave the final answer.
-    pub node: usize,
-}
-
-impl Answer {
-    pub fn json(&self) -> Option<serde_json::Value> {
-        serde_json::from_slice(&self.body).ok()
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -89,8 +69,8 @@ impl Client {
 
     /// POST to `path`, starting at node `first` (or round-robin when `None`).
     pub async fn post(&self, path: &str, body: Bytes, first: Option<usize>) -> Result<Answer, ClientError> {
-        let started = Instant::now();
-        let mut directives = Vec::new();
+        let mut obeying = Obeying::default();
+        let mut not_reached = Vec::new();
         let mut node = first.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % self.nodes.len();
         let mut refused_connections = 0;
         // One id for every attempt: an agent can tell a re-sent turn from a new one.
@@ -101,13 +81,14 @@ impl Client {
                 .http
                 .post(url)
                 .header("content-type", "application/json")
-                .header(TURN_ID_HEADER, &turn_id)
+                .header(headers::TURN_ID, &turn_id)
                 .body(body.clone())
                 .send()
                 .await;
             let response = match sent {
                 Ok(response) => response,
                 Err(e) if e.is_connect() && refused_connections + 1 < self.nodes.len() => {
+                    not_reached.push((self.nodes[node].clone(), e.to_string()));
                     refused_connections += 1;
                     node = (node + 1) % self.nodes.len();
                     continue;
@@ -117,25 +98,19 @@ impl Client {
             };
             refused_connections = 0;
             let status = response.status().as_u16();
-            let header =
-                |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let (owner, epoch) = (header(OWNER_HEADER), header(EPOCH_HEADER).and_then(|e| e.parse().ok()));
-            let body_bytes = response.bytes().await.map_err(ClientError::Http)?;
-            let refusal =
-                (status == 503).then(|| serde_json::from_slice::<RefusalBody>(&body_bytes).ok()).flatten();
-            match refusal {
-                Some(refusal) if refusal.retry.is_some() => {
-                    let retry = refusal.retry.expect("checked");
-                    directives.push(refusal.error.clone());
-                    let delay = Duration::from_millis(retry.delay_ms);
-                    if started.elapsed() + delay > Duration::from_millis(retry.budget_ms) {
-                        return Err(ClientError::GaveUp(refusal, directives));
-                    }
-                    tokio::time::sleep(delay).await;
-                    node = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
-                }
-                _ => return Ok(Answer { status, owner, epoch, body: body_bytes, directives, node }),
+            let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let (owner, epoch) =
+                (header(headers::OWNER), header(headers::EPOCH).and_then(|e| e.parse().ok()));
+            let body = response.bytes().await.map_err(ClientError::Http)?;
+            let Some(refusal) = directive_in(status, &body) else {
+                let (directives, answered_by) = (obeying.directives, self.nodes[node].clone());
+                return Ok(Answer { status, owner, epoch, body, directives, answered_by, not_reached });
+            };
+            match obeying.obey(refusal) {
+                Ok(delay) => tokio::time::sleep(delay).await,
+                Err(last) => return Err(ClientError::GaveUp(last, obeying.directives)),
             }
+            node = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
         }
     }
 
@@ -165,7 +140,7 @@ mod tests {
             post(move |headers: HeaderMap| {
                 let log = log.clone();
                 async move {
-                    let id = headers.get(TURN_ID_HEADER).map(|v| v.to_str().unwrap().to_owned());
+                    let id = headers.get(&headers::TURN_ID).map(|v| v.to_str().unwrap().to_owned());
                     let mut log = log.lock().unwrap();
                     log.push(id.unwrap_or_default());
                     if log.len() == 1 {

@@ -18,11 +18,10 @@ use tokio::{
 
 use crate::{
     heartbeat::Stopper,
-    inflight::InFlight,
     metrics::Metrics,
     observe::Hubs,
     ownership::{Ownership, StandDownReason, HOLDER_MAX_TRUST},
-    store,
+    turn::inflight::InFlight,
 };
 
 /// Attempts at the hand-back statement before giving up (the leases then lapse by TTL).
@@ -38,8 +37,8 @@ const LINGER_MARGIN: Duration = Duration::from_millis(500);
 /// are closed at exit is lost. Past this much quiet the client has stopped.
 pub const EXIT_QUIET: Duration = Duration::from_secs(1);
 /// The wait for quiet ends this long after the drain however busy the ports still are:
-/// it must end within the termination grace period the operator gives on top of the
-/// drain timeout (`GRACE_MARGIN_SECS`, 10 s), past the longest `linger` (5.5 s).
+/// together with the listeners' graceful shutdown it must stay within
+/// `leasehold_core::lifecycle::MAX_EXIT_AFTER_DRAIN`, past the longest `linger` (5.5 s).
 pub const EXIT_QUIET_WAIT_MAX: Duration = Duration::from_secs(8);
 
 /// How long a drained sidecar keeps its ports open before exiting. Another node may
@@ -171,8 +170,7 @@ impl Drain {
         }
         // No renewal may race the hand-back (it would register a new boot).
         self.heartbeat.stop().await;
-        let owner = self.ownership.node().owner;
-        let handed_back = self.hand_back(&owner).await?;
+        let handed_back = self.hand_back().await?;
         self.ownership.forget_all();
         self.metrics.handed_back(handed_back);
         self.hubs.reconnect_all();
@@ -185,10 +183,10 @@ impl Drain {
         Ok(report)
     }
 
-    async fn hand_back(&self, owner: &store::Owner) -> Result<u64, DrainError> {
+    async fn hand_back(&self) -> Result<u64, DrainError> {
         let mut last = None;
         for _ in 0..HAND_BACK_ATTEMPTS {
-            match self.ownership.store().hand_back_all(owner).await {
+            match self.ownership.hand_back_all().await {
                 Ok(n) => return Ok(n),
                 Err(e) => {
                     tracing::warn!(error = %e, "hand-back failed; retrying");

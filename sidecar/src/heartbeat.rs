@@ -15,7 +15,10 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{self, LeaseStore, Owner};
+use leasehold_core::{
+    store::{self, LeaseStore},
+    Owner,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

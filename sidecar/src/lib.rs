@@ -1,21 +1,19 @@
 //! leasehold sidecar: one writer per session, decided by a durable lease in Postgres and
 //! enforced by an epoch fence at every write.
+//!
+//! Layers, each depending only on those below it (docs/architecture.md):
+//! `leasehold_core` (vocabulary, the store) ← `heartbeat`, `ownership` ← `turn`,
+//! `forward`, `observe`, `fence`, `drain` ← `http` ← the binary's `runtime`.
 
-pub mod agent_api;
-pub mod app;
 pub mod client;
 pub mod config;
-pub mod directive;
-pub mod dispatch;
 pub mod drain;
+pub mod fence;
 pub mod forward;
 pub mod heartbeat;
 pub mod http;
-pub mod inflight;
-pub mod key;
 pub mod metrics;
 pub mod observe;
 pub mod ownership;
-pub mod route;
-pub mod store;
+pub mod turn;
 pub mod upstream;

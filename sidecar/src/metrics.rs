@@ -1,7 +1,5 @@
 //! Prometheus metrics of the sidecar (`GET /metrics` on the admin port).
 
-pub mod exposition;
-
 use std::borrow::Cow;
 
 use prometheus_client::{
@@ -9,8 +7,6 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-
-use crate::ownership::StandDownReason;
 
 /// Label values: static names borrow, only dynamic ones (a peer's error code) allocate.
 type Label = Cow<'static, str>;
@@ -144,8 +140,9 @@ impl Metrics {
         self.turns.get_or_create(&TurnLabels { path: path.into(), outcome: outcome.into() }).inc();
     }
 
-    pub fn stood_down(&self, reason: StandDownReason) {
-        self.stand_downs.get_or_create(&Reason { reason: reason.as_str().into() }).inc();
+    /// A session stood down, for `reason` (`ownership::StandDownReason::as_str`).
+    pub fn stood_down(&self, reason: &'static str) {
+        self.stand_downs.get_or_create(&Reason { reason: reason.into() }).inc();
     }
 
     pub fn fenced_write(&self) {

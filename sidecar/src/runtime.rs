@@ -1,23 +1,34 @@
-//! Process wiring: tracing, the tokio runtime, start-up order and signals.
+//! Process wiring: tracing, the tokio runtime, start-up order, the domain parts and the
+//! listeners that call them, the background tasks, and signals. The one place that knows
+//! every part; no part knows this one.
 
-use std::process::ExitCode;
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use std::{net::SocketAddr, time::Duration};
-
-use leasehold_sidecar::{
-    app::{notify_stand_downs, watch_ownership, Listeners, Sidecar},
-    config::Config,
-    dispatch::Agent,
-    drain,
-    heartbeat::{Heartbeat, HeartbeatHandle},
-    store::{LeaseStore, DEFAULT_POOL_SIZE},
+use leasehold_core::{
+    proof::PeerAuth,
+    store::{notify::Change, LeaseStore, DEFAULT_POOL_SIZE},
+    SessionKey,
 };
 use tokio::{
     net::TcpListener,
     signal::unix::{signal, SignalKind},
+    sync::mpsc,
 };
 use tokio_util::sync::CancellationToken;
+
+use leasehold_sidecar::{
+    config::Config,
+    drain::{self, Drain},
+    fence::Fence,
+    forward::Forwarder,
+    heartbeat::{Heartbeat, HeartbeatHandle},
+    http,
+    metrics::Metrics,
+    observe::{Follow, Hubs, Observe},
+    ownership::Ownership,
+    turn::{agent::AgentClient, inflight::InFlight, router::TurnRouter},
+};
 
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
@@ -78,6 +89,15 @@ const STARTUP_RETRY: Duration = Duration::from_secs(2);
 /// the rest of the linger is cut to this.
 const EXIT_AFTER_A_DRAIN: Duration = Duration::from_millis(900);
 
+/// The listeners, bound before anything is served so a port conflict fails start-up.
+#[derive(Debug)]
+struct Listeners {
+    public: TcpListener,
+    peer: TcpListener,
+    agent: TcpListener,
+    admin: TcpListener,
+}
+
 /// Bind every listener first, so a taken port fails start-up with the flag's name.
 async fn bind(config: &Config) -> anyhow::Result<Listeners> {
     let args = &config.args;
@@ -119,6 +139,165 @@ async fn start_heartbeat(config: &Config, store: &LeaseStore) -> HeartbeatHandle
     }
 }
 
+/// The domain parts, assembled around a started heartbeat.
+struct Parts {
+    ownership: Arc<Ownership>,
+    hubs: Arc<Hubs>,
+    metrics: Arc<Metrics>,
+    drain: Arc<Drain>,
+    router: Arc<TurnRouter>,
+    observe: Arc<Observe>,
+    fence: Arc<Fence>,
+    auth: Arc<PeerAuth>,
+}
+
+/// Assemble the domain. Returns the receiver of sessions the agent must be told to
+/// stand down.
+fn assemble(
+    config: &Config,
+    store: LeaseStore,
+    heartbeat: &HeartbeatHandle,
+) -> (Parts, mpsc::UnboundedReceiver<SessionKey>) {
+    let args = &config.args;
+    let metrics = Arc::new(Metrics::new());
+    let (stood_down_tx, stood_down) = mpsc::unbounded_channel();
+    let ownership = Arc::new(Ownership::new(store, heartbeat.state.clone(), stood_down_tx, metrics.clone()));
+    let inflight = InFlight::new(metrics.clone());
+    let hubs = Arc::new(Hubs::default());
+    let drain = Arc::new(Drain::new(
+        ownership.clone(),
+        inflight.clone(),
+        heartbeat.stopper(),
+        metrics.clone(),
+        hubs.clone(),
+        args.drain_timeout,
+    ));
+    let secret = if args.insecure_peer { None } else { args.cluster_secret.as_deref() };
+    let auth = Arc::new(PeerAuth::new(secret));
+    let forwarder = Arc::new(Forwarder::new(auth.clone()));
+    let follow = Arc::new(Follow {
+        hubs: hubs.clone(),
+        ownership: ownership.clone(),
+        forwarder: forwarder.clone(),
+        metrics: metrics.clone(),
+        draining: drain.subscribe(),
+    });
+    let observe = Arc::new(Observe {
+        hubs: hubs.clone(),
+        follow,
+        ownership: ownership.clone(),
+        metrics: metrics.clone(),
+        draining: drain.subscribe(),
+    });
+    let router = Arc::new(TurnRouter {
+        ownership: ownership.clone(),
+        agent: AgentClient::new(&args.agent_url),
+        forwarder,
+        inflight,
+        metrics: metrics.clone(),
+        ttl: args.lease_ttl,
+        draining: drain.subscribe(),
+        drain_timeout: args.drain_timeout,
+    });
+    let fence =
+        Arc::new(Fence { ownership: ownership.clone(), hubs: hubs.clone(), metrics: metrics.clone() });
+    let parts = Parts { ownership, hubs, metrics, drain, router, observe, fence, auth };
+    (parts, stood_down)
+}
+
+/// Serve the four listeners, each calling the parts it needs, until `shutdown`.
+async fn serve_listeners(parts: &Parts, max_body: usize, listeners: Listeners, shutdown: CancellationToken) {
+    let turns = http::Turns { router: parts.router.clone(), max_body };
+    let public = http::public::Public {
+        turns: turns.clone(),
+        observe: parts.observe.clone(),
+        ownership: parts.ownership.clone(),
+        drain: parts.drain.clone(),
+    };
+    let peer = http::peer::Peer {
+        turns,
+        observe: parts.observe.clone(),
+        auth: parts.auth.clone(),
+        drain: parts.drain.clone(),
+        metrics: parts.metrics.clone(),
+    };
+    let agent = http::agent::AgentPort { fence: parts.fence.clone(), max_body };
+    let admin = http::admin::Admin {
+        drain: parts.drain.clone(),
+        ownership: parts.ownership.clone(),
+        metrics: parts.metrics.clone(),
+    };
+    tokio::join!(
+        http::server::serve(listeners.public, http::public::router(public), shutdown.clone()),
+        http::server::serve(listeners.peer, http::peer::router(peer), shutdown.clone()),
+        http::server::serve(listeners.agent, http::agent::router(agent), shutdown.clone()),
+        http::server::serve(listeners.admin, http::admin::router(admin), shutdown),
+    );
+}
+
+/// Tell the agent about every session it must drop (best effort: the fence protects the
+/// data even if the agent never hears it), and end the peer streams we served for it.
+async fn notify_stand_downs(
+    agent: AgentClient,
+    hubs: Arc<Hubs>,
+    mut stood_down: mpsc::UnboundedReceiver<SessionKey>,
+) {
+    while let Some(key) = stood_down.recv().await {
+        hubs.moved(&key);
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            if let Err(e) = agent.stand_down(&key).await {
+                tracing::warn!(%key, error = %e, "agent did not take the stand-down");
+            }
+        });
+    }
+}
+
+/// Pause before listening again after the store could not be reached.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
+
+/// Follow ownership changes (LISTEN/NOTIFY): forget stale holders, stand down sessions
+/// that moved away, wake the followers of observed sessions.
+async fn watch_ownership(ownership: Arc<Ownership>, hubs: Arc<Hubs>, drain: Arc<Drain>) {
+    loop {
+        let mut changes = match ownership.listen().await {
+            Ok(changes) => changes,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot listen for ownership changes yet");
+                tokio::time::sleep(LISTEN_RETRY).await;
+                continue;
+            }
+        };
+        // Anything may have changed while we were not listening.
+        ownership.forget_all_holders();
+        hubs.changed_all();
+        loop {
+            match changes.next().await {
+                Ok(Change::Lease { key, owner, .. }) => {
+                    ownership.lease_changed(&key, owner.as_ref());
+                    hubs.changed(&key);
+                }
+                Ok(Change::Node { owner }) => {
+                    ownership.forget_holder(&owner);
+                    if owner == ownership.node().owner && !drain.is_draining() {
+                        // We were revoked (thought dead): stop at once, before the heartbeat.
+                        ownership.lose_boot(&owner);
+                    }
+                    hubs.changed_all();
+                }
+                Ok(Change::Resync) => {
+                    ownership.forget_all_holders();
+                    hubs.changed_all();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "ownership notifications interrupted");
+                    tokio::time::sleep(LISTEN_RETRY).await;
+                }
+            }
+        }
+    }
+}
+
 /// Start-up order: bind → migrate → register this boot (revoking earlier boots) →
 /// heartbeat → serve. Runs until SIGTERM/SIGINT; then drains (idempotent: a drain already
 /// done through the admin port returns at once) and exits.
@@ -127,17 +306,23 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let store =
         LeaseStore::connect_lazy(&config.database_url, DEFAULT_POOL_SIZE).context("--database-url")?;
     let mut heartbeat = start_heartbeat(&config, &store).await;
-    let (app, stood_down) = Sidecar::new(&config, store, &heartbeat);
-    tokio::spawn(notify_stand_downs(Agent::new(&config.args.agent_url), app.hubs.clone(), stood_down));
-    tokio::spawn(watch_ownership(app.clone()));
-    tokio::spawn(app.ownership.clone().watch_lapse());
+    let (parts, stood_down) = assemble(&config, store, &heartbeat);
+    let parts = Arc::new(parts);
+    let agent = AgentClient::new(&config.args.agent_url);
+    tokio::spawn(notify_stand_downs(agent, parts.hubs.clone(), stood_down));
+    tokio::spawn(watch_ownership(parts.ownership.clone(), parts.hubs.clone(), parts.drain.clone()));
+    tokio::spawn(parts.ownership.clone().watch_lapse());
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(app.clone().serve(listeners, shutdown.clone()));
+    let server = tokio::spawn({
+        let (parts, shutdown) = (parts.clone(), shutdown.clone());
+        async move { serve_listeners(&parts, config.args.max_body_bytes, listeners, shutdown).await }
+    });
     tracing::info!(node_id = %config.node_id, peer = %config.advertise_peer_addr, "ready to serve");
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut heartbeat_running = true;
+    let drain = &parts.drain;
     loop {
         tokio::select! {
             _ = term.recv() => break,
@@ -145,27 +330,27 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             ended = &mut heartbeat.task, if heartbeat_running => {
                 heartbeat_running = false;
                 // A drain stops the heartbeat on purpose; anything else is fatal.
-                if !app.drain.is_draining() {
+                if !drain.is_draining() {
                     anyhow::bail!("heartbeat stopped: {:?}", ended.map(|r| r.map_err(|e| e.to_string())));
                 }
             }
-            Some(lost) = heartbeat.lost.recv() => app.ownership.lose_boot(&lost),
+            Some(lost) = heartbeat.lost.recv() => parts.ownership.lose_boot(&lost),
         }
     }
-    let drained_before = app.drain.is_done();
-    let report = app.drain.run().await.context("draining at shutdown")?;
+    let drained_before = drain.is_done();
+    let report = drain.run().await.context("draining at shutdown")?;
     let linger = drain::linger(config.args.lease_ttl);
     tracing::info!(?report, ?linger, "drained; refusing new work with `draining` before exiting");
     if drained_before {
         // The hand-back is already old news to most peers: exit within a second.
-        let _ = tokio::time::timeout(EXIT_AFTER_A_DRAIN, app.drain.linger_after(linger)).await;
+        let _ = tokio::time::timeout(EXIT_AFTER_A_DRAIN, drain.linger_after(linger)).await;
     } else {
-        app.drain.linger_after(linger).await;
+        drain.linger_after(linger).await;
     }
     // Clients still sending (answered `draining`, each connection closed after its
     // answer) would meet their idle pooled connections closed under them: wait until
     // they have stopped.
-    app.drain.quiet_for(drain::EXIT_QUIET, drain::EXIT_QUIET_WAIT_MAX).await;
+    drain.quiet_for(drain::EXIT_QUIET, drain::EXIT_QUIET_WAIT_MAX).await;
     tracing::info!("shutting down");
     shutdown.cancel();
     server.await.context("server task")?;
@@ -192,6 +377,12 @@ mod tests {
     #[test]
     fn one_thread_is_a_single_threaded_runtime() {
         assert_eq!(shape(1), (RuntimeFlavor::CurrentThread, 1));
+    }
+
+    #[test]
+    fn the_exit_after_a_drain_stays_within_what_the_operator_allows() {
+        let exit = drain::EXIT_QUIET_WAIT_MAX + http::server::GRACEFUL_SHUTDOWN;
+        assert!(exit <= leasehold_core::lifecycle::MAX_EXIT_AFTER_DRAIN, "{exit:?}");
     }
 
     #[test]

@@ -4,10 +4,11 @@ mod support;
 
 use std::time::Duration;
 
-use leasehold_sidecar::{
-    heartbeat::{Error, Heartbeat},
-    store::{Claim, Epoch, LeaseStore},
+use leasehold_core::{
+    store::{Claim, LeaseStore},
+    Epoch,
 };
+use leasehold_sidecar::heartbeat::{Error, Heartbeat};
 use support::{boot, key, store, LONG_TTL};
 use tokio::time::{timeout, Instant};
 

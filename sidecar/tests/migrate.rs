@@ -37,7 +37,7 @@ async fn running_twice_is_a_no_op() {
         let out = migrate_cmd(&url).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
-    let expected = leasehold_sidecar::store::MIGRATOR.iter().count() as i64;
+    let expected = leasehold_core::store::MIGRATOR.iter().count() as i64;
     assert_eq!(applied(&url).await, (expected, 3));
 }
 
@@ -49,7 +49,7 @@ async fn eight_processes_at_once_all_succeed() {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
-    let expected = leasehold_sidecar::store::MIGRATOR.iter().count() as i64;
+    let expected = leasehold_core::store::MIGRATOR.iter().count() as i64;
     assert_eq!(applied(&url).await, (expected, 3));
 }
 

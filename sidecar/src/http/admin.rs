@@ -13,9 +13,17 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::reply;
-use crate::app::Sidecar;
+use crate::{drain::Drain, metrics::Metrics, ownership::Ownership};
 
-pub fn router(app: Arc<Sidecar>) -> Router {
+/// The domain parts the admin listener calls.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub drain: Arc<Drain>,
+    pub ownership: Arc<Ownership>,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(app: Admin) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -33,7 +41,7 @@ async fn healthz() -> Response {
 }
 
 /// Not ready while draining, or while the lease store is unreachable (no live node lease).
-async fn readyz(State(app): State<Arc<Sidecar>>) -> Response {
+async fn readyz(State(app): State<Admin>) -> Response {
     if app.drain.is_draining() {
         return reply::error(StatusCode::SERVICE_UNAVAILABLE, "draining", None);
     }
@@ -44,11 +52,12 @@ async fn readyz(State(app): State<Arc<Sidecar>>) -> Response {
 }
 
 /// OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text.
-async fn metrics(State(app): State<Arc<Sidecar>>, headers: HeaderMap) -> Response {
-    crate::metrics::exposition::respond(&headers, app.metrics.encode())
+async fn metrics(State(app): State<Admin>, headers: HeaderMap) -> Response {
+    let (content_type, body) = leasehold_core::exposition::negotiate(&headers, app.metrics.encode());
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-async fn leases(State(app): State<Arc<Sidecar>>) -> Response {
+async fn leases(State(app): State<Admin>) -> Response {
     let held: Vec<_> = app
         .ownership
         .held()
@@ -59,7 +68,7 @@ async fn leases(State(app): State<Arc<Sidecar>>) -> Response {
 }
 
 /// Idempotent: every call returns when the one drain is done, with its counts.
-async fn drain(State(app): State<Arc<Sidecar>>) -> Response {
+async fn drain(State(app): State<Admin>) -> Response {
     match app.drain.run().await {
         Ok(report) => Json(report).into_response(),
         Err(e) => reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string()),

@@ -13,18 +13,25 @@ use axum::{
 use serde::Deserialize;
 use serde_json::{json, value::RawValue};
 
+use leasehold_core::{headers, Epoch, SessionKey};
+
 use super::{read_body, reply, session_key, BadRequest};
 use crate::{
-    agent_api::WriteError, app::Sidecar, directive::Refusal, dispatch::EPOCH_HEADER, key::SessionKey,
-    store::Epoch,
+    fence::{Fence, WriteError},
+    turn::directive::Refusal,
 };
 
 /// Checkpoints hold a whole conversation's state: larger than one turn, still bounded.
 pub const MAX_CHECKPOINT_BYTES: usize = 16 * 1024 * 1024;
-/// The header that tells the reader which epoch wrote a checkpoint.
-pub const CHECKPOINT_EPOCH_HEADER: &str = "leasehold-checkpoint-epoch";
 
-pub fn router(app: Arc<Sidecar>) -> Router {
+/// The domain part the agent listener calls, and its body limit for events.
+#[derive(Debug, Clone)]
+pub struct AgentPort {
+    pub fence: Arc<Fence>,
+    pub max_body: usize,
+}
+
+pub fn router(app: AgentPort) -> Router {
     Router::new()
         .route("/v1/sessions/{key}/checkpoint", get(get_checkpoint).put(put_checkpoint))
         .route("/v1/sessions/{key}/events", post(publish))
@@ -36,7 +43,7 @@ pub fn router(app: Arc<Sidecar>) -> Router {
 
 fn epoch(headers: &HeaderMap) -> Result<Epoch, BadRequest> {
     headers
-        .get(EPOCH_HEADER)
+        .get(headers::EPOCH)
         .and_then(|v| v.to_str().ok()?.parse::<i64>().ok())
         .filter(|e| *e >= 1)
         .map(Epoch)
@@ -64,14 +71,14 @@ fn write_error(e: WriteError) -> Response {
 }
 
 async fn get_checkpoint(
-    State(app): State<Arc<Sidecar>>,
+    State(app): State<AgentPort>,
     Path(key): Path<String>,
 ) -> Result<Response, BadRequest> {
     let key = session_key(&key)?;
-    Ok(match app.agent_api.checkpoint(&key).await {
+    Ok(match app.fence.checkpoint(&key).await {
         Ok(Some(cp)) => {
             let mut response = cp.data.into_response();
-            response.headers_mut().insert(CHECKPOINT_EPOCH_HEADER, HeaderValue::from(cp.epoch.0));
+            response.headers_mut().insert(headers::CHECKPOINT_EPOCH, HeaderValue::from(cp.epoch.0));
             response
         }
         Ok(None) => reply::error(StatusCode::NOT_FOUND, "no_checkpoint", None),
@@ -83,14 +90,14 @@ async fn get_checkpoint(
 }
 
 async fn put_checkpoint(
-    State(app): State<Arc<Sidecar>>,
+    State(app): State<AgentPort>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, BadRequest> {
     let (key, epoch) = key_and_epoch(&key, &headers)?;
     let data = read_body(&headers, body, MAX_CHECKPOINT_BYTES).await?;
-    Ok(match app.agent_api.put_checkpoint(&key, epoch, &data).await {
+    Ok(match app.fence.put_checkpoint(&key, epoch, &data).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => write_error(e),
     })
@@ -104,7 +111,7 @@ struct Publish {
 }
 
 async fn publish(
-    State(app): State<Arc<Sidecar>>,
+    State(app): State<AgentPort>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -117,19 +124,19 @@ async fn publish(
         return Err(malformed("type must be one non-empty line".to_owned()));
     }
     let data = event.data.unwrap_or_else(|| RawValue::from_string("null".into()).expect("valid JSON"));
-    Ok(match app.agent_api.publish(&key, epoch, event.kind, data).await {
+    Ok(match app.fence.publish(&key, epoch, event.kind, data).await {
         Ok(id) => (StatusCode::ACCEPTED, Json(json!({ "id": id.to_string() }))).into_response(),
         Err(e) => write_error(e),
     })
 }
 
 async fn release(
-    State(app): State<Arc<Sidecar>>,
+    State(app): State<AgentPort>,
     Path(key): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, BadRequest> {
     let (key, epoch) = key_and_epoch(&key, &headers)?;
-    Ok(match app.agent_api.release(&key, epoch).await {
+    Ok(match app.fence.release(&key, epoch).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => write_error(e),
     })

@@ -1,5 +1,6 @@
-//! The four listeners (CONTRACT §2): thin handlers that parse, call the domain and map
-//! errors to responses.
+//! The four listeners (CONTRACT §2): thin handlers that parse, call one domain function
+//! and reply. Each listener's router takes the domain parts it uses as its state; nothing
+//! here holds domain state of its own.
 
 pub mod admin;
 pub mod agent;
@@ -9,7 +10,8 @@ pub mod public;
 pub mod relay;
 pub mod reply;
 pub mod server;
-pub mod stream;
+mod stream;
+mod turns;
 
 use axum::{
     body::{Body, Bytes},
@@ -18,9 +20,12 @@ use axum::{
 };
 
 use futures_util::StreamExt;
+use leasehold_core::SessionKey;
 use std::sync::Arc;
 
-use crate::{app::Sidecar, key::SessionKey};
+use crate::drain::Drain;
+
+pub use self::turns::Turns;
 
 /// Once this pod drains, every answer on the public and peer ports says `Connection:
 /// close` (as Envoy and nginx do in a drain): a client's pooled keep-alive connections to
@@ -29,12 +34,12 @@ use crate::{app::Sidecar, key::SessionKey};
 /// has no other way to tell a client to stop using an idle connection). Each such answer
 /// also tells the drain that clients are still sending (`Drain::quiet_for`).
 pub fn close_when_draining(
-    app: Arc<Sidecar>,
+    drain: Arc<Drain>,
 ) -> tower::util::MapResponseLayer<impl Fn(Response) -> Response + Clone> {
     tower::util::MapResponseLayer::new(move |mut response: Response| {
-        if app.drain.is_draining() {
+        if drain.is_draining() {
             response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
-            app.drain.answered();
+            drain.answered();
         }
         response
     })

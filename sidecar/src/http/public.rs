@@ -3,69 +3,66 @@
 use std::sync::Arc;
 
 use axum::{
-    extract::{Path, Request, State},
-    http::header,
+    extract::{FromRef, Path, Query, State},
+    http::HeaderMap,
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::get,
     Json, Router,
 };
 use serde::Serialize;
 
-use super::{read_body, reply, session_key, BadRequest};
+use super::{
+    reply, session_key,
+    stream::{self, StreamQuery},
+    BadRequest, Turns,
+};
 use crate::{
-    app::Sidecar,
-    dispatch::{Kind, Turn, TURN_ID_HEADER},
-    route::Entry,
+    drain::Drain,
+    observe::Observe,
+    ownership::Ownership,
+    turn::{directive::Refusal, Door, Kind},
 };
 
-pub fn router(app: Arc<Sidecar>) -> Router {
+/// The domain parts the public listener calls.
+#[derive(Debug, Clone)]
+pub struct Public {
+    pub turns: Turns,
+    pub observe: Arc<Observe>,
+    pub ownership: Arc<Ownership>,
+    pub drain: Arc<Drain>,
+}
+
+impl FromRef<Public> for Turns {
+    fn from_ref(public: &Public) -> Turns {
+        public.turns.clone()
+    }
+}
+
+pub fn router(public: Public) -> Router {
     Router::new()
-        .route("/v1/sessions/{key}/turns", post(turn))
-        .route("/v1/sessions/{key}/events", post(event))
-        .route("/v1/sessions/{key}/stream", get(super::stream::observe))
+        .route("/v1/sessions/{key}/turns", super::turns::route(Kind::Turn, Door::Public))
+        .route("/v1/sessions/{key}/events", super::turns::route(Kind::Event, Door::Public))
+        .route("/v1/sessions/{key}/stream", get(observe))
         .route("/v1/sessions/{key}", get(session))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
-        .layer(super::close_when_draining(app.clone()))
-        .with_state(app)
+        .layer(super::close_when_draining(public.drain.clone()))
+        .with_state(public)
 }
 
-async fn turn(
-    state: State<Arc<Sidecar>>,
-    key: Path<String>,
-    request: Request,
-) -> Result<Response, BadRequest> {
-    post_turn(state, key, request, Kind::Turn, Entry::Public).await
-}
-
-async fn event(
-    state: State<Arc<Sidecar>>,
-    key: Path<String>,
-    request: Request,
-) -> Result<Response, BadRequest> {
-    post_turn(state, key, request, Kind::Event, Entry::Public).await
-}
-
-/// Shared by the public and the peer listener: parse, route, answer.
-pub async fn post_turn(
-    State(app): State<Arc<Sidecar>>,
+/// Observe a session from this node, whoever owns it.
+async fn observe(
+    State(public): State<Public>,
     Path(key): Path<String>,
-    request: Request,
-    kind: Kind,
-    entry: Entry,
+    Query(query): Query<StreamQuery>,
+    headers: HeaderMap,
 ) -> Result<Response, BadRequest> {
     let key = session_key(&key)?;
-    let (parts, body) = request.into_parts();
-    let headers = parts.headers;
-    let body = read_body(&headers, body, app.max_body).await?;
-    let id = headers
-        .get(TURN_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|id| uuid::Uuid::parse_str(id).is_ok())
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
-    let content_type = headers.get(header::CONTENT_TYPE).cloned();
-    let turn = Turn { kind, key, id, content_type, body };
-    Ok(reply::reply(app.router.route(turn, entry).await, &app.node_id))
+    let after = stream::after(&headers, &query)?;
+    Ok(match public.observe.open(key, after) {
+        Ok(reading) => stream::sse(reading),
+        Err(_) => reply::refusal(&Refusal::Draining { drain_timeout: public.drain.timeout }),
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -78,9 +75,9 @@ struct SessionView {
 }
 
 /// A read of the session's lease; never a claim.
-async fn session(State(app): State<Arc<Sidecar>>, Path(key): Path<String>) -> Result<Response, BadRequest> {
+async fn session(State(public): State<Public>, Path(key): Path<String>) -> Result<Response, BadRequest> {
     let key = session_key(&key)?;
-    Ok(match app.ownership.store().lookup(&key).await {
+    Ok(match public.ownership.lookup(&key).await {
         Ok(info) => Json(SessionView {
             key: key.to_string(),
             owner: info.holder.as_ref().map(|h| h.owner.node_id().to_owned()),
@@ -91,7 +88,7 @@ async fn session(State(app): State<Arc<Sidecar>>, Path(key): Path<String>) -> Re
         .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "session lookup failed");
-            reply::refusal(&crate::directive::Refusal::StoreUnavailable)
+            reply::refusal(&Refusal::StoreUnavailable)
         }
     })
 }

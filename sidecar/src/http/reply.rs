@@ -9,11 +9,11 @@ use axum::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use leasehold_core::{directive::RefusalBody, headers};
+
 use super::relay::Relay;
 use crate::{
-    directive::{Refusal, RefusalBody},
-    dispatch::{EPOCH_NAME, OWNER_NAME},
-    route::Reply,
+    turn::{directive::Refusal, router::Reply},
     upstream,
 };
 
@@ -73,25 +73,19 @@ fn stream_back<G: Send + Unpin + 'static>(
     response
 }
 
-pub fn reply(reply: Reply, node_id: &str) -> Response {
+pub fn reply(reply: Reply) -> Response {
     match reply {
         Reply::Refused(r) => refusal(&r),
         Reply::OwnerFailed => owner_failed(),
-        Reply::PeerRejected => {
-            let window = crate::forward::auth::PROOF_WINDOW.as_secs();
-            error(
-                StatusCode::BAD_GATEWAY,
-                "owner_failed",
-                format!("{} ({window} s)", crate::route::PEER_REJECTED),
-            )
-        }
+        Reply::PeerRejected => error(StatusCode::BAD_GATEWAY, "owner_failed", Reply::peer_rejected_message()),
         Reply::PeerRefused(body) => refusal_body(body),
         Reply::Forwarded(upstream) => stream_back(upstream, (), None),
         Reply::Local { response, lease, guard } => {
+            let owner = HeaderValue::from_str(lease.owner.node_id()).expect("node id is a header value");
+            let epoch = HeaderValue::from(lease.epoch.0);
             let mut out = stream_back(response, guard, Some(lease.halt));
-            let headers = out.headers_mut();
-            headers.insert(OWNER_NAME, HeaderValue::from_str(node_id).expect("node id is a header value"));
-            headers.insert(EPOCH_NAME, HeaderValue::from(lease.epoch.0));
+            out.headers_mut().insert(headers::OWNER, owner);
+            out.headers_mut().insert(headers::EPOCH, epoch);
             out
         }
     }

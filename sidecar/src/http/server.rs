@@ -15,11 +15,8 @@ use super::head_timer::{self, HeadTimeouts};
 /// A client must send its request headers within this of their first byte, or of
 /// connecting for a connection's first request (slowloris protection).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// A keep-alive connection with no request for this long is closed: longer than clients
-/// keep idle connections pooled (Go's transport in the API server's proxy, reqwest and
-/// hyper-util 90 s, AWS's ALB 60 s, Google Cloud's load balancers 600 s), so the client
-/// retires a connection before the server does and no request is sent into a close.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(620);
+/// A keep-alive connection with no request for this long is closed (see the constant).
+pub const IDLE_TIMEOUT: Duration = leasehold_core::lifecycle::IDLE_CONNECTION;
 /// A request body must arrive within this once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Upper bound on the request head (request line + headers); larger gets 431.

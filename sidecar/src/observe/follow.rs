@@ -7,14 +7,10 @@ use std::{sync::Arc, time::Duration};
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
-use super::{sse, EventId, Hubs};
-use crate::{
-    forward::Forwarder,
-    key::SessionKey,
-    metrics::Metrics,
-    ownership::Ownership,
-    store::{Epoch, Holder},
-};
+use leasehold_core::{store::Holder, Epoch, EventId, SessionKey};
+
+use super::{sse, Hubs};
+use crate::{forward::Forwarder, metrics::Metrics, ownership::Ownership};
 
 /// Without a notification, re-check ownership this often (missed NOTIFY, idle sessions).
 const RECHECK: Duration = Duration::from_secs(1);
@@ -50,7 +46,7 @@ impl Follow {
                 return;
             }
             changes.borrow_and_update();
-            let (holder, epoch) = match self.ownership.store().lookup(&key).await {
+            let (holder, epoch) = match self.ownership.lookup(&key).await {
                 Ok(info) => (info.holder, info.epoch),
                 Err(e) => {
                     tracing::debug!(%key, error = %e, "follower cannot read the lease");

@@ -9,17 +9,20 @@
 
 mod follow;
 pub mod sse;
+mod stream;
 
 use std::{
     collections::{HashMap, VecDeque},
-    fmt,
     sync::{Arc, Mutex},
 };
 
+use leasehold_core::{Epoch, EventId, SessionKey};
 use tokio::sync::{broadcast, watch};
 
-pub use self::follow::Follow;
-use crate::{key::SessionKey, store::Epoch};
+pub use self::{
+    follow::Follow,
+    stream::{Observe, Reading},
+};
 
 /// Events kept per session for late joiners: the current turn and a tail before it.
 pub const REPLAY_CAPACITY: usize = 1024;
@@ -29,26 +32,6 @@ pub const OBSERVER_CAPACITY: usize = 1024;
 
 /// The event type that opens a turn: replay without `Last-Event-ID` starts there.
 pub const TURN_STARTED: &str = "turn_started";
-
-/// `<epoch>-<seq>`: strictly increasing per session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EventId {
-    pub epoch: Epoch,
-    pub seq: u64,
-}
-
-impl fmt::Display for EventId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.epoch, self.seq)
-    }
-}
-
-impl EventId {
-    pub fn parse(s: &str) -> Option<Self> {
-        let (epoch, seq) = s.split_once('-')?;
-        Some(EventId { epoch: Epoch(epoch.parse().ok()?), seq: seq.parse().ok()? })
-    }
-}
 
 /// One published event; `data` is JSON text. The SSE frame is encoded once, here, and
 /// shared by every observer (fan-out copies a pointer, not the text).

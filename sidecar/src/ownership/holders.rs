@@ -7,10 +7,7 @@ use std::{collections::HashMap, sync::Mutex, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{
-    key::SessionKey,
-    store::{Holder, Owner},
-};
+use leasehold_core::{store::Holder, Owner, SessionKey};
 
 /// Longest we trust a remembered holder without asking the store again.
 pub const MAX_TRUST: Duration = Duration::from_secs(5);
@@ -56,7 +53,7 @@ impl Holders {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Epoch;
+    use leasehold_core::Epoch;
 
     fn holder(owner: &str, remaining_ms: u64) -> Holder {
         Holder {

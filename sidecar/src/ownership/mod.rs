@@ -22,12 +22,12 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    heartbeat::NodeState,
-    key::SessionKey,
-    metrics::Metrics,
-    store::{self, Claim, Epoch, Holder, LeaseStore, Owner},
+use leasehold_core::{
+    store::{self, notify::Changes, Checkpoint, Claim, Holder, LeaseInfo, LeaseStore},
+    Epoch, Owner, SessionKey,
 };
+
+use crate::{heartbeat::NodeState, metrics::Metrics};
 
 /// A session this process may run now, at `epoch`.
 #[derive(Debug, Clone)]
@@ -84,15 +84,16 @@ impl StandDownReason {
     }
 }
 
+/// A session in the lease table.
 #[derive(Debug)]
-struct Entry {
+struct Held {
     owner: Owner,
     epoch: Epoch,
     halt: CancellationToken,
     landed: Arc<AtomicU64>,
 }
 
-impl Entry {
+impl Held {
     fn lease(&self, key: &SessionKey) -> LocalLease {
         LocalLease {
             key: key.clone(),
@@ -109,7 +110,7 @@ impl Entry {
 pub struct Ownership {
     store: LeaseStore,
     node: watch::Receiver<NodeState>,
-    table: Mutex<HashMap<SessionKey, Entry>>,
+    table: Mutex<HashMap<SessionKey, Held>>,
     stood_down: mpsc::UnboundedSender<SessionKey>,
     metrics: Arc<Metrics>,
     holders: holders::Holders,
@@ -133,15 +134,11 @@ impl Ownership {
         }
     }
 
-    pub fn store(&self) -> &LeaseStore {
-        &self.store
-    }
-
     pub fn node(&self) -> NodeState {
         self.node.borrow().clone()
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Entry>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Held>> {
         self.table.lock().expect("lease table lock")
     }
 
@@ -180,13 +177,10 @@ impl Ownership {
             // requests onto a dead database; the next successful beat lifts this.
             return Err(ResolveError::StoreDown);
         }
-        let claim = match self.store.claim(key, &owner).await {
+        let claim = match self.counted(self.store.claim(key, &owner).await) {
             Ok(claim) => claim,
             Err(store::Error::NodeNotLive { .. }) => return Err(ResolveError::NodeNotLive),
-            Err(e) => {
-                self.metrics.store_error();
-                return Err(ResolveError::Store(e));
-            }
+            Err(e) => return Err(ResolveError::Store(e)),
         };
         self.metrics.resolved(match claim {
             Claim::Claimed { .. } => "claimed",
@@ -216,7 +210,7 @@ impl Ownership {
                 return entry.lease(key);
             }
         }
-        let entry = Entry { owner, epoch, halt: CancellationToken::new(), landed: Arc::default() };
+        let entry = Held { owner, epoch, halt: CancellationToken::new(), landed: Arc::default() };
         let lease = entry.lease(key);
         let old = table.insert(key.clone(), entry);
         self.metrics.set_leases_held(table.len());
@@ -253,10 +247,10 @@ impl Ownership {
         }
     }
 
-    fn halt(&self, key: &SessionKey, entry: Entry, reason: StandDownReason) {
+    fn halt(&self, key: &SessionKey, entry: Held, reason: StandDownReason) {
         tracing::info!(%key, epoch = %entry.epoch, reason = reason.as_str(), "standing session down");
         entry.halt.cancel();
-        self.metrics.stood_down(reason);
+        self.metrics.stood_down(reason.as_str());
         let _ = self.stood_down.send(key.clone());
     }
 
@@ -333,7 +327,7 @@ impl Ownership {
         self.stand_down_all(|_| true, reason)
     }
 
-    fn stand_down_all(&self, matches: impl Fn(&Entry) -> bool, reason: StandDownReason) -> usize {
+    fn stand_down_all(&self, matches: impl Fn(&Held) -> bool, reason: StandDownReason) -> usize {
         let mut table = self.table();
         let keys: Vec<SessionKey> =
             table.iter().filter(|(_, e)| matches(e)).map(|(k, _)| k.clone()).collect();
@@ -355,7 +349,7 @@ impl Ownership {
             Some(local) => local.owner,
             None => self.node().owner,
         };
-        let released = self.store.release(key, &owner, epoch).await?;
+        let released = self.counted(self.store.release(key, &owner, epoch).await)?;
         let mut table = self.table();
         if table.get(key).is_some_and(|e| e.epoch == epoch) {
             table.remove(key);
@@ -370,6 +364,47 @@ impl Ownership {
         let mut table = self.table();
         table.clear();
         self.metrics.set_leases_held(0);
+    }
+
+    /// Count a failed store statement on its way to the caller.
+    fn counted<T>(&self, result: Result<T, store::Error>) -> Result<T, store::Error> {
+        if result.as_ref().is_err_and(store::Error::is_unavailable) {
+            self.metrics.store_error();
+        }
+        result
+    }
+
+    /// Read a session's lease and its holder's liveness; never claims.
+    pub async fn lookup(&self, key: &SessionKey) -> Result<LeaseInfo, store::Error> {
+        self.counted(self.store.lookup(key).await)
+    }
+
+    /// A session's latest checkpoint (the agent's thaw).
+    pub async fn checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>, store::Error> {
+        self.counted(self.store.get_checkpoint(key).await)
+    }
+
+    /// Write a checkpoint through the fence at `lease`'s owner and epoch;
+    /// `Err(Fenced)` when the lease has moved on.
+    pub async fn put_checkpoint(&self, lease: &LocalLease, data: &[u8]) -> Result<(), store::Error> {
+        self.counted(self.store.put_checkpoint(&lease.key, &lease.owner, lease.epoch, data).await)
+    }
+
+    /// The fence without a write (an event publish); `Err(Fenced)` when stale.
+    pub async fn check_fence(&self, lease: &LocalLease) -> Result<(), store::Error> {
+        self.counted(self.store.check_fence(&lease.key, &lease.owner, lease.epoch).await)
+    }
+
+    /// Subscribe to ownership changes (LISTEN/NOTIFY).
+    pub async fn listen(&self) -> Result<Changes, store::Error> {
+        self.store.listen().await
+    }
+
+    /// Hand every session of the current boot back in one statement (drain): claimable
+    /// at once. Returns how many.
+    pub async fn hand_back_all(&self) -> Result<u64, store::Error> {
+        let owner = self.node().owner;
+        self.counted(self.store.hand_back_all(&owner).await)
     }
 
     /// Sessions held here with the time our node lease is certainly live.

@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold_sidecar::{
-    key::SessionKey,
-    store::{LeaseStore, Owner},
-};
+use leasehold_core::{store::LeaseStore, Owner, SessionKey};
 use sqlx::{postgres::PgPoolOptions, Connection, PgConnection};
 
 pub fn admin_url() -> String {

@@ -9,7 +9,10 @@ use std::{
     time::Duration,
 };
 
-use leasehold_sidecar::store::{leases::claim_once, Claim, Epoch, Error, LeaseStore, Owner};
+use leasehold_core::{
+    store::{leases::claim_once, Claim, Error, LeaseStore},
+    Epoch, Owner,
+};
 use rand::Rng;
 use sqlx::{Connection, PgConnection};
 use support::{boot, key, store_with_pool};

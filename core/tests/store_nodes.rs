@@ -4,7 +4,7 @@ mod support;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use leasehold_sidecar::store::{Claim, Epoch, Owner};
+use leasehold_core::{store::Claim, Epoch, Owner};
 use support::{boot, key, store, LONG_TTL};
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use leasehold_core::directive::{RefusalBody, Retry};
 
 /// After a fenced turn the next owner is normally in place within a claim round trip.
 pub const FENCED_DELAY: Duration = Duration::from_millis(100);
@@ -38,28 +38,6 @@ pub enum Refusal {
     Fenced { ttl: Duration },
     /// The local agent container refused the connection; the turn did not start.
     AgentUnavailable,
-}
-
-/// The JSON body of a refusal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefusalBody {
-    pub error: String,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub retry: Option<Retry>,
-}
-
-/// What a client must do: re-send after `delay_ms`, give up after `budget_ms` in total.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Retry {
-    pub delay_ms: u64,
-    pub budget_ms: u64,
-}
-
-impl Retry {
-    /// `Retry-After` in whole seconds, rounded up (at least 1: the header has no fractions).
-    pub fn after_secs(&self) -> u64 {
-        self.delay_ms.div_ceil(1000).max(1)
-    }
 }
 
 fn ms(d: Duration) -> u64 {

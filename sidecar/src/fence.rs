@@ -1,16 +1,19 @@
-//! The agent API (CONTRACT §5): thaw, fenced checkpoint, fenced publish, idle release.
-//! Every write carries the epoch the turn was dispatched with.
+//! The fence of the agent API (CONTRACT §5): the agent's thaw, fenced checkpoint, fenced
+//! publish and idle release. Every write carries the epoch its turn was dispatched with,
+//! and lands only while this node still holds the session at that epoch.
 
 use std::sync::{atomic::Ordering, Arc};
 
+use leasehold_core::{
+    store::{self, Checkpoint},
+    Epoch, EventId, SessionKey,
+};
 use serde_json::value::RawValue;
 
 use crate::{
-    key::SessionKey,
     metrics::Metrics,
-    observe::{EventId, Hubs},
+    observe::Hubs,
     ownership::{Ownership, StandDownReason},
-    store::{self, Checkpoint, Epoch},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -23,13 +26,13 @@ pub enum WriteError {
 }
 
 #[derive(Debug)]
-pub struct AgentApi {
+pub struct Fence {
     pub ownership: Arc<Ownership>,
     pub hubs: Arc<Hubs>,
     pub metrics: Arc<Metrics>,
 }
 
-impl AgentApi {
+impl Fence {
     fn fenced(&self, key: &SessionKey, epoch: Epoch) -> WriteError {
         self.metrics.fenced_write();
         self.ownership.stand_down(key, epoch, StandDownReason::Fenced);
@@ -39,15 +42,12 @@ impl AgentApi {
     fn store_error(&self, key: &SessionKey, epoch: Epoch, e: store::Error) -> WriteError {
         match e {
             store::Error::Fenced { .. } => self.fenced(key, epoch),
-            e => {
-                self.metrics.store_error();
-                WriteError::Unavailable(e)
-            }
+            e => WriteError::Unavailable(e),
         }
     }
 
     pub async fn checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>, store::Error> {
-        self.ownership.store().get_checkpoint(key).await.inspect_err(|_| self.metrics.store_error())
+        self.ownership.checkpoint(key).await
     }
 
     /// Write through the fence. A write for an epoch we do not hold never reaches the
@@ -64,7 +64,7 @@ impl AgentApi {
         // Counted before it is sent: once on the wire it may land even if we never hear
         // back (a timeout in a partition); only the fence's refusal says it did not.
         lease.landed.fetch_add(1, Ordering::SeqCst);
-        let written = self.ownership.store().put_checkpoint(key, &lease.owner, epoch, data).await;
+        let written = self.ownership.put_checkpoint(&lease, data).await;
         if let Err(store::Error::Fenced { .. }) = written {
             lease.landed.fetch_sub(1, Ordering::SeqCst);
         }
@@ -82,8 +82,7 @@ impl AgentApi {
         let Some(lease) = self.ownership.local(key, epoch) else {
             return Err(self.fenced(key, epoch));
         };
-        let store = self.ownership.store();
-        store.check_fence(key, &lease.owner, epoch).await.map_err(|e| self.store_error(key, epoch, e))?;
+        self.ownership.check_fence(&lease).await.map_err(|e| self.store_error(key, epoch, e))?;
         if lease.halt.is_cancelled() {
             return Err(WriteError::Fenced); // stood down while we checked
         }

@@ -6,15 +6,18 @@ use std::{sync::Arc, time::Duration};
 
 use http_body_util::BodyExt;
 
-use crate::{
-    directive::{Refusal, RefusalBody},
-    dispatch::{Agent, Turn},
-    forward::{ForwardError, Forwarder},
+use leasehold_core::{directive::RefusalBody, store::Holder, Epoch, SessionKey};
+
+use super::{
+    agent::AgentClient,
+    directive::Refusal,
     inflight::{InFlight, InFlightGuard},
-    key::SessionKey,
+    Door, Turn,
+};
+use crate::{
+    forward::{ForwardError, Forwarder},
     metrics::{status_label, Metrics},
     ownership::{LocalLease, Ownership, ResolveError, Route, StandDownReason},
-    store::{Epoch, Holder},
     upstream,
 };
 
@@ -41,6 +44,13 @@ pub enum Reply {
 pub const PEER_REJECTED: &str = "the owner's sidecar rejected this node's peer proof: the pods' cluster \
      secrets differ, or their clocks are apart by more than the proof window";
 
+impl Reply {
+    /// What a client is told of a [`Reply::PeerRejected`], the proof window included.
+    pub fn peer_rejected_message() -> String {
+        format!("{PEER_REJECTED} ({} s)", leasehold_core::proof::PROOF_WINDOW.as_secs())
+    }
+}
+
 /// Peer refusals that mean "not here": nothing ran, the session may have moved (an owner
 /// whose agent is down hands the session back).
 const MOVED_CODES: [&str; 3] = ["draining", "owner_unreachable", "agent_unavailable"];
@@ -59,18 +69,10 @@ enum Hop {
     Moved(RefusalBody),
 }
 
-/// Where the request entered: the public port may forward once; the peer port never
-/// forwards again (one hop).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    Public,
-    Peer,
-}
-
 #[derive(Debug)]
 pub struct TurnRouter {
     pub ownership: Arc<Ownership>,
-    pub agent: Agent,
+    pub agent: AgentClient,
     pub forwarder: Arc<Forwarder>,
     pub inflight: Arc<InFlight>,
     pub metrics: Arc<Metrics>,
@@ -90,20 +92,20 @@ impl TurnRouter {
         self.refuse("none", Refusal::StoreUnavailable)
     }
 
-    /// Route one turn entering at `entry`.
-    pub async fn route(&self, turn: Turn, entry: Entry) -> Reply {
+    /// Route one turn entering at `door`.
+    pub async fn route(&self, turn: Turn, door: Door) -> Reply {
         let Some(admitted) = self.inflight.admit(&self.draining) else {
             return self.draining_refusal();
         };
         if self.agent.is_down().await {
             drop(admitted);
-            return self.route_without_agent(turn, entry).await;
+            return self.route_without_agent(turn, door).await;
         }
         match self.ownership.resolve(&turn.key, false).await {
             Err(e) => self.unresolved(e),
             Ok(Route::Local(lease)) => self.run_local(turn, lease, admitted).await,
             // A peer that is no longer the owner does not forward again.
-            Ok(Route::Remote(_)) if entry == Entry::Peer => {
+            Ok(Route::Remote(_)) if door == Door::Peer => {
                 self.refuse("none", Refusal::OwnerUnreachable { ttl: self.ttl })
             }
             // A forwarded turn runs on the owner's agent, not ours: not counted here.
@@ -127,7 +129,7 @@ impl TurnRouter {
         let mut wait = holder.remaining + OWNER_CHECK_SLACK;
         loop {
             tokio::time::sleep(wait).await;
-            wait = match self.ownership.store().lookup(key).await {
+            wait = match self.ownership.lookup(key).await {
                 Ok(info) => match info.holder {
                     Some(now) if now.owner == holder.owner => now.remaining + OWNER_CHECK_SLACK,
                     _ => return,
@@ -139,8 +141,9 @@ impl TurnRouter {
 
     /// One hop to `holder`: its answer, or why we should re-resolve.
     async fn hop(&self, turn: &Turn, holder: &Holder) -> Hop {
+        let path = turn.peer_path();
         let forwarded = tokio::select! {
-            forwarded = self.forwarder.forward(&holder.peer_addr, turn) => forwarded,
+            forwarded = self.forwarder.forward(&holder.peer_addr, &path, turn.headers(), turn.body.clone()) => forwarded,
             () = self.owner_gone(&turn.key, holder) => {
                 // It may have run (and may still finish; the fence stops its writes once
                 // another node takes over): `owner_failed`, and forget that holder.
@@ -262,8 +265,8 @@ impl TurnRouter {
     /// Our agent is down: never claim (the session would only be handed back). A live
     /// owner elsewhere gets the turn; a session still held here is handed back; anything
     /// else is refused so the client (or the forwarding node) takes it elsewhere.
-    async fn route_without_agent(&self, turn: Turn, entry: Entry) -> Reply {
-        let holder = match self.ownership.store().lookup(&turn.key).await {
+    async fn route_without_agent(&self, turn: Turn, door: Door) -> Reply {
+        let holder = match self.ownership.lookup(&turn.key).await {
             Ok(info) => info.holder,
             Err(e) => return self.unresolved(ResolveError::Store(e)),
         };
@@ -271,7 +274,7 @@ impl TurnRouter {
             Some(holder) if holder.owner == self.ownership.node().owner => {
                 self.agent_unavailable(&turn.key, holder.epoch).await
             }
-            Some(holder) if entry == Entry::Public => self.forward(turn, holder).await,
+            Some(holder) if door == Door::Public => self.forward(turn, holder).await,
             _ => self.refuse("none", Refusal::AgentUnavailable),
         }
     }

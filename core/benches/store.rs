@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold_sidecar::{
-    key::SessionKey,
-    store::{leases::CLAIM_SQL, LeaseStore, Owner},
+use leasehold_core::{
+    store::{leases::CLAIM_SQL, LeaseStore},
+    Owner, SessionKey,
 };
 use sqlx::{postgres::PgPoolOptions, Connection, PgConnection, PgPool};
 

@@ -4,7 +4,10 @@ mod support;
 
 use std::time::Duration;
 
-use leasehold_sidecar::store::{Claim, Epoch, Error};
+use leasehold_core::{
+    store::{Claim, Error},
+    Epoch,
+};
 use support::{boot, key, store, LONG_TTL};
 
 #[tokio::test]

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap};
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -22,12 +21,13 @@ pub fn wants_openmetrics(headers: &HeaderMap) -> bool {
         .any(|media| media.trim().starts_with("application/openmetrics-text"))
 }
 
-/// The `/metrics` answer for `openmetrics` (a registry's encoding), negotiated.
-pub fn respond(headers: &HeaderMap, openmetrics: String) -> Response {
+/// The `/metrics` answer for `openmetrics` (a registry's encoding), negotiated: the
+/// content type and the body, for the caller's HTTP stack to send.
+pub fn negotiate(headers: &HeaderMap, openmetrics: String) -> (&'static str, String) {
     if wants_openmetrics(headers) {
-        ([(header::CONTENT_TYPE, OPENMETRICS)], openmetrics).into_response()
+        (OPENMETRICS, openmetrics)
     } else {
-        ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], to_prometheus_text(&openmetrics)).into_response()
+        (PROMETHEUS_TEXT, to_prometheus_text(&openmetrics))
     }
 }
 

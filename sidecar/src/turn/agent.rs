@@ -1,4 +1,5 @@
-//! Calls to the local agent container (CONTRACT §4).
+//! The client of the local agent container: dispatch a turn, tell it to stand a session
+//! down, notice when it is down.
 
 use std::{
     sync::{
@@ -9,21 +10,11 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{header::CONTENT_TYPE, HeaderName, HeaderValue};
+use http::HeaderValue;
+use leasehold_core::{headers, Epoch, SessionKey};
 
-use crate::{
-    key::SessionKey,
-    store::Epoch,
-    upstream::{self, Upstream},
-};
-
-pub const EPOCH_HEADER: &str = "leasehold-epoch";
-pub const TURN_ID_HEADER: &str = "leasehold-turn-id";
-pub const OWNER_HEADER: &str = "leasehold-owner";
-/// The same names, parsed once at compile time for the hot paths.
-pub const EPOCH_NAME: HeaderName = HeaderName::from_static(EPOCH_HEADER);
-pub const TURN_ID_NAME: HeaderName = HeaderName::from_static(TURN_ID_HEADER);
-pub const OWNER_NAME: HeaderName = HeaderName::from_static(OWNER_HEADER);
+use super::Turn;
+use crate::upstream::{self, Upstream};
 
 /// The agent is on loopback: a connection that takes longer than this is not coming.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -35,44 +26,9 @@ const AGENT_POOL_IDLE: Duration = Duration::from_secs(1);
 /// and the fence protects the data anyway.
 const STAND_DOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Whether the request was a turn from the session's user or an event from elsewhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Turn,
-    Event,
-}
-
-impl Kind {
-    /// The path segment in every API: `/sessions/{key}/turns` or `/events`.
-    pub fn segment(self) -> &'static str {
-        match self {
-            Kind::Turn => "turns",
-            Kind::Event => "events",
-        }
-    }
-}
-
-/// A turn or event as received: opaque body, content type preserved.
-#[derive(Debug, Clone)]
-pub struct Turn {
-    pub kind: Kind,
-    pub key: SessionKey,
-    pub id: String,
-    pub content_type: Option<HeaderValue>,
-    pub body: Bytes,
-}
-
-impl Turn {
-    /// The headers a turn travels with: its id and, when given, its content type.
-    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
-        let id = HeaderValue::try_from(self.id.as_str()).expect("a turn id is a UUID");
-        std::iter::once((TURN_ID_NAME, id)).chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
-    }
-}
-
 /// Client of the agent container.
 #[derive(Debug, Clone)]
-pub struct Agent {
+pub struct AgentClient {
     client: Upstream,
     base: String,
     /// Set when a dispatch could not connect (the agent crashed or is restarting),
@@ -80,17 +36,17 @@ pub struct Agent {
     down: Arc<AtomicBool>,
 }
 
-impl Agent {
+impl AgentClient {
     pub fn new(base: &str) -> Self {
         // A turn runs as long as the agent needs: no response timeout.
         let client = Upstream::new(AGENT_CONNECT_TIMEOUT, None, AGENT_POOL_IDLE);
-        Agent { client, base: base.trim_end_matches('/').to_owned(), down: Arc::default() }
+        AgentClient { client, base: base.trim_end_matches('/').to_owned(), down: Arc::default() }
     }
 
     /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
     pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
-        let epoch = (EPOCH_NAME, HeaderValue::from(epoch.0));
+        let epoch = (headers::EPOCH, HeaderValue::from(epoch.0));
         let sent = self.client.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await;
         self.down.store(sent.as_ref().is_err_and(upstream::Error::is_connect), Ordering::Relaxed);
         sent

@@ -9,7 +9,7 @@ pub mod leases;
 mod nodes;
 pub mod notify;
 
-use std::{fmt, time::Duration};
+use std::time::Duration;
 
 use sqlx::{postgres::PgPoolOptions, PgPool};
 
@@ -18,7 +18,7 @@ pub use self::{
     leases::{Claim, Holder, LeaseInfo},
     nodes::NodeLease,
 };
-use crate::key::SessionKey;
+use crate::{Epoch, Owner, SessionKey};
 
 /// The schema, embedded at compile time (`build.rs` re-runs on change).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -90,64 +90,6 @@ pub(crate) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     move |source| Error::Database { context, source }
 }
 
-/// A session lease's generation. Grows by one at every change of hands, never shrinks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Epoch(pub i64);
-
-impl fmt::Display for Epoch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// The identity of one sidecar process: `<node-id>/<boot-id>`. Cheap to clone: it is
-/// copied into every local lease and remembered holder.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Owner(std::sync::Arc<OwnerParts>);
-
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct OwnerParts {
-    full: String,
-    /// Byte index of the `/` between node id and boot id.
-    split: usize,
-}
-
-impl Owner {
-    /// A fresh boot of `node_id` with a random boot id.
-    pub fn new_boot(node_id: &str) -> Self {
-        Self::from_parts(node_id, &uuid::Uuid::new_v4().simple().to_string()[..12])
-    }
-
-    pub fn from_parts(node_id: &str, boot_id: &str) -> Self {
-        Owner(std::sync::Arc::new(OwnerParts { full: format!("{node_id}/{boot_id}"), split: node_id.len() }))
-    }
-
-    /// Parse `<node-id>/<boot-id>` as stored in the database. The node id may not
-    /// contain `/` (pod names cannot), so the last `/` separates the two.
-    pub fn parse(full: &str) -> Option<Self> {
-        let (node, boot) = full.rsplit_once('/')?;
-        (!node.is_empty() && !boot.is_empty()).then(|| Self::from_parts(node, boot))
-    }
-
-    pub fn node_id(&self) -> &str {
-        &self.0.full[..self.0.split]
-    }
-
-    pub fn boot_id(&self) -> &str {
-        &self.0.full[self.0.split + 1..]
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0.full
-    }
-}
-
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// Postgres `interval` input for a TTL, with millisecond precision.
 pub(crate) fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
@@ -159,24 +101,6 @@ pub(crate) fn remaining(ms: i64) -> Duration {
 }
 
 /// Handle to the lease store. Cheap to clone (wraps a connection pool).
-#[cfg(test)]
-mod tests {
-    use super::Owner;
-
-    #[test]
-    fn owner_parts_round_trip() {
-        let owner = Owner::parse("agents-7d9f-x2/3f2a9c").unwrap();
-        assert_eq!((owner.node_id(), owner.boot_id()), ("agents-7d9f-x2", "3f2a9c"));
-        assert_eq!(owner.to_string(), "agents-7d9f-x2/3f2a9c");
-        assert_eq!(Owner::new_boot("n").node_id(), "n");
-        assert!(
-            Owner::parse("no-slash").is_none()
-                && Owner::parse("/b").is_none()
-                && Owner::parse("a/").is_none()
-        );
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct LeaseStore {
     pool: PgPool,

@@ -4,7 +4,10 @@ mod support;
 
 use std::time::Duration;
 
-use leasehold_sidecar::store::{checkpoints::put_checkpoint, Claim, Epoch, Error};
+use leasehold_core::{
+    store::{checkpoints::put_checkpoint, Claim, Error},
+    Epoch,
+};
 use support::{boot, key, store, LONG_TTL};
 
 fn fenced<T: std::fmt::Debug>(r: Result<T, Error>) -> bool {
@@ -89,7 +92,7 @@ async fn a_write_racing_a_takeover_waits_and_is_fenced() {
     store.hand_back_all(&a).await.unwrap(); // a's lease is no longer live, a does not know
 
     let mut takeover = store.pool().begin().await.unwrap();
-    let claim = leasehold_sidecar::store::leases::claim_once(&mut *takeover, &s, &b).await.unwrap();
+    let claim = leasehold_core::store::leases::claim_once(&mut *takeover, &s, &b).await.unwrap();
     assert_eq!(claim, Some(Claim::TookOver { epoch: Epoch(2) }));
 
     let zombie = {

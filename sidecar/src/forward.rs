@@ -1,30 +1,22 @@
 //! Forwarding a turn to the session's owner over its peer port: one hop, authenticated.
 
-pub mod auth;
+use std::{sync::Arc, time::Duration};
 
-use std::time::Duration;
+use leasehold_core::{lifecycle::IDLE_CONNECTION, proof::PeerAuth, EventId, SessionKey};
 
-pub use self::auth::{AuthError, PeerAuth};
-use crate::{
-    dispatch::Turn,
-    key::SessionKey,
-    observe::EventId,
-    upstream::{self, Upstream},
-};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+
+use crate::upstream::{self, Upstream};
 
 /// Pod-network connect: a peer that does not accept within this is treated as down.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest a forwarded turn may take to start answering; long agent turns are normal,
 /// and a timeout here is surfaced as `owner_failed` (the turn may still be running).
 const PEER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
-/// A connection to a peer unused this long is not reused: half the peer's own idle close
-/// (`http::server::IDLE_TIMEOUT`), so no turn is sent into a connection being closed.
-const PEER_POOL_IDLE: Duration = Duration::from_secs(crate::http::server::IDLE_TIMEOUT.as_secs() / 2);
-
-/// The path a turn takes on the owner's peer listener.
-pub fn peer_path(turn: &Turn) -> String {
-    format!("/peer/v1/sessions/{}/{}", turn.key, turn.kind.segment())
-}
+/// A connection to a peer unused this long is not reused: half the peer's own idle close,
+/// so no turn is sent into a connection being closed.
+const PEER_POOL_IDLE: Duration = Duration::from_secs(IDLE_CONNECTION.as_secs() / 2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -49,11 +41,12 @@ pub struct Forwarder {
     client: Upstream,
     /// For long-lived upstream event streams: no total timeout.
     streams: reqwest::Client,
-    auth: PeerAuth,
+    auth: Arc<PeerAuth>,
 }
 
 impl Forwarder {
-    pub fn new(secret: Option<&str>) -> Self {
+    /// `auth` signs every request (the same proof the peer listener checks).
+    pub fn new(auth: Arc<PeerAuth>) -> Self {
         let client = Upstream::new(PEER_CONNECT_TIMEOUT, Some(PEER_RESPONSE_TIMEOUT), PEER_POOL_IDLE);
         let streams = reqwest::Client::builder()
             .connect_timeout(PEER_CONNECT_TIMEOUT)
@@ -64,11 +57,7 @@ impl Forwarder {
             .tcp_user_timeout(upstream::USER_TIMEOUT)
             .build()
             .expect("static client configuration");
-        Forwarder { client, streams, auth: PeerAuth::new(secret) }
-    }
-
-    pub fn auth(&self) -> &PeerAuth {
-        &self.auth
+        Forwarder { client, streams, auth }
     }
 
     /// Open the owner's event stream for `key`, after `after` when given.
@@ -89,19 +78,23 @@ impl Forwarder {
         req.send().await
     }
 
-    pub async fn forward(&self, addr: &str, turn: &Turn) -> Result<upstream::Response, ForwardError> {
-        let path = peer_path(turn);
-        let proof = self.auth.sign("POST", &path, &turn.body);
-        let headers = turn.headers().chain(proof);
-        self.client.post(&format!("http://{addr}{path}"), headers, turn.body.clone()).await.map_err(
-            |source| {
-                let addr = addr.to_owned();
-                if source.is_connect() {
-                    ForwardError::NotConnected { addr, source }
-                } else {
-                    ForwardError::Failed { addr, source }
-                }
-            },
-        )
+    /// POST `body` to `path` on the peer listener at `addr`, signed with the peer proof.
+    pub async fn forward(
+        &self,
+        addr: &str,
+        path: &str,
+        headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
+        body: Bytes,
+    ) -> Result<upstream::Response, ForwardError> {
+        let proof = self.auth.sign("POST", path, &body);
+        let headers = headers.into_iter().chain(proof);
+        self.client.post(&format!("http://{addr}{path}"), headers, body).await.map_err(|source| {
+            let addr = addr.to_owned();
+            if source.is_connect() {
+                ForwardError::NotConnected { addr, source }
+            } else {
+                ForwardError::Failed { addr, source }
+            }
+        })
     }
 }

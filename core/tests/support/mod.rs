@@ -1,0 +1,60 @@
+//! Shared test support: a database of its own per test on the throwaway Postgres that
+//! `scripts/with-postgres.sh` starts (`make test`), so tests run in parallel.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use leasehold_core::{store::LeaseStore, Owner, SessionKey};
+use sqlx::{postgres::PgPoolOptions, Connection, PgConnection};
+
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL").expect(
+        "DATABASE_URL is not set: run the tests with `make test` (scripts/with-postgres.sh starts Postgres)",
+    )
+}
+
+/// Replace the database name in a postgres URL.
+pub fn url_for(db: &str) -> String {
+    let admin = admin_url();
+    let (base, query) = admin.split_once('?').map_or((admin.as_str(), ""), |(b, q)| (b, q));
+    let (server, _) = base.rsplit_once('/').expect("DATABASE_URL has a database path");
+    if query.is_empty() {
+        format!("{server}/{db}")
+    } else {
+        format!("{server}/{db}?{query}")
+    }
+}
+
+/// A fresh, empty database (not migrated). Returns its URL.
+pub async fn create_database() -> String {
+    let name = format!("lh_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&admin_url()).await.expect("connect to the test Postgres");
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.expect("create database");
+    url_for(&name)
+}
+
+/// A migrated database of its own and a store on it with `pool_size` connections.
+pub async fn store_with_pool(pool_size: u32) -> LeaseStore {
+    let url = create_database().await;
+    let pool = PgPoolOptions::new().max_connections(pool_size).connect(&url).await.expect("connect");
+    let store = LeaseStore::from_pool(pool);
+    store.migrate().await.expect("migrate");
+    store
+}
+
+pub async fn store() -> LeaseStore {
+    store_with_pool(8).await
+}
+
+pub fn key(s: &str) -> SessionKey {
+    SessionKey::parse(s).expect("valid test key")
+}
+
+pub const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// Register a new live boot of `node`.
+pub async fn boot(store: &LeaseStore, node: &str, ttl: Duration) -> Owner {
+    let owner = Owner::new_boot(node);
+    store.register_boot(&owner, &format!("127.0.0.1:{}", 7000 + node.len()), ttl).await.expect("register");
+    owner
+}
