@@ -117,9 +117,7 @@ def stored_history(database_url: str, key: str) -> list[str]:
 
 def lease_epoch(database_url: str, key: str) -> int | None:
     with psycopg.connect(database_url) as conn:
-        row = conn.execute(
-            "SELECT epoch FROM agent_leases WHERE agent_key = %s", (key,)
-        ).fetchone()
+        row = conn.execute("SELECT epoch FROM agent_leases WHERE agent_key = %s", (key,)).fetchone()
     return None if row is None else int(row[0])
 
 

@@ -34,7 +34,9 @@ class Recorder:
             self.requests.append(request)
 
     def client(self, urls: list[str], **options: Any) -> leasehold.Client:
-        http = httpx.Client(timeout=httpx.Timeout(120.0, connect=1.0), event_hooks={"request": [self.hook]})
+        http = httpx.Client(
+            timeout=httpx.Timeout(120.0, connect=1.0), event_hooks={"request": [self.hook]}
+        )
         return leasehold.Client(urls, http_client=http, **options)
 
     def posts(self) -> list[httpx.Request]:
@@ -73,7 +75,9 @@ def test_turns_through_three_pods_end_on_one_owner(make_cluster: Callable[..., C
     assert (unknown.owner, unknown.epoch, unknown.claimable) == (None, None, True)
 
 
-def test_events_reach_the_agent_and_bad_input_is_typed(make_cluster: Callable[..., Cluster]) -> None:
+def test_events_reach_the_agent_and_bad_input_is_typed(
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(nodes=1)
     key = "events"
     with cluster.client() as client:

@@ -89,19 +89,26 @@ class _Entry:
     parent: str | None
     checkpoint: Typed
     metadata: Typed
-    writes: dict[tuple[str, int], _Write] = field(default_factory=dict)
 
-    def ordered_writes(self) -> list[_Write]:
-        return sorted(
-            self.writes.values(), key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx)
-        )
+
+Writes = dict[tuple[str, int], _Write]
+
+
+def _ordered(writes: Writes) -> list[_Write]:
+    return sorted(writes.values(), key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
 
 
 @dataclass
 class _Doc:
-    """The blob: namespace → checkpoint id → entry."""
+    """The blob: per namespace, checkpoint id → entry, and checkpoint id → its pending
+    writes (kept apart: LangGraph may store a step's writes before the checkpoint they
+    belong to has been stored)."""
 
     namespaces: dict[str, dict[str, _Entry]] = field(default_factory=dict)
+    writes: dict[str, dict[str, Writes]] = field(default_factory=dict)
+
+    def writes_of(self, ns: str, checkpoint_id: str) -> Writes:
+        return self.writes.setdefault(ns, {}).setdefault(checkpoint_id, {})
 
     def encode(self, thread_id: str) -> bytes:
         namespaces = {
@@ -111,20 +118,27 @@ class _Doc:
                     "parent": e.parent,
                     "checkpoint": _enc(e.checkpoint),
                     "metadata": _enc(e.metadata),
-                    "writes": [
-                        [w.task_id, w.idx, w.channel, _enc(w.value), w.task_path]
-                        for w in e.ordered_writes()
-                    ],
                 }
                 for _, e in sorted(entries.items())
             ]
             for ns, entries in self.namespaces.items()
+        }
+        writes = {
+            ns: {
+                checkpoint_id: [
+                    [w.task_id, w.idx, w.channel, _enc(w.value), w.task_path] for w in _ordered(ws)
+                ]
+                for checkpoint_id, ws in sorted(by_id.items())
+                if ws
+            }
+            for ns, by_id in self.writes.items()
         }
         doc = {
             "format": FORMAT,
             "version": VERSION,
             "thread_id": thread_id,
             "namespaces": namespaces,
+            "writes": writes,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -148,11 +162,12 @@ class _Doc:
                     checkpoint=_dec(item["checkpoint"]),
                     metadata=_dec(item["metadata"]),
                 )
-                for task_id, idx, channel, value, task_path in item.get("writes", []):
-                    entry.writes[(task_id, idx)] = _Write(
-                        task_id, idx, channel, _dec(value), task_path
-                    )
                 bucket[entry.id] = entry
+        for ns, by_id in doc.get("writes", {}).items():
+            for checkpoint_id, items in by_id.items():
+                writes = out.writes_of(ns, checkpoint_id)
+                for task_id, idx, channel, value, task_path in items:
+                    writes[(task_id, idx)] = _Write(task_id, idx, channel, _dec(value), task_path)
         return out
 
 
@@ -216,13 +231,20 @@ class LeaseholdSaver(BaseCheckpointSaver[int]):
     async def _store(self, doc: _Doc) -> None:
         await self.session.checkpoint(doc.encode(self.session.key))
 
-    def _prune(self, entries: dict[str, _Entry]) -> None:
+    def _prune(self, doc: _Doc, ns: str) -> None:
+        """Keep the newest `max_checkpoints` of the namespace, and the writes of those
+        (and of any newer checkpoint not stored yet)."""
+        entries = doc.namespaces.get(ns, {})
         if self.max_checkpoints is None or len(entries) <= self.max_checkpoints:
             return
         for old in sorted(entries)[: len(entries) - self.max_checkpoints]:
             del entries[old]
+        oldest = min(entries)
+        writes = doc.writes.get(ns, {})
+        for checkpoint_id in [c for c in writes if c < oldest]:
+            del writes[checkpoint_id]
 
-    def _tuple(self, ns: str, entry: _Entry) -> CheckpointTuple:
+    def _tuple(self, doc: _Doc, ns: str, entry: _Entry) -> CheckpointTuple:
         thread_id = self.session.key
         parent: RunnableConfig | None = None
         if entry.parent:
@@ -246,7 +268,7 @@ class LeaseholdSaver(BaseCheckpointSaver[int]):
             parent_config=parent,
             pending_writes=[
                 (w.task_id, w.channel, self.serde.loads_typed(w.value))
-                for w in entry.ordered_writes()
+                for w in _ordered(doc.writes.get(ns, {}).get(entry.id, {}))
             ],
         )
 
@@ -255,12 +277,13 @@ class LeaseholdSaver(BaseCheckpointSaver[int]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ns = self._namespace(config)
         async with self._lock:
-            entries = (await self._load()).namespaces.get(ns, {})
+            doc = await self._load()
+            entries = doc.namespaces.get(ns, {})
             checkpoint_id = get_checkpoint_id(config)
             if checkpoint_id is None:
                 checkpoint_id = max(entries, default=None)
             entry = entries.get(checkpoint_id) if checkpoint_id else None
-            return self._tuple(ns, entry) if entry else None
+            return self._tuple(doc, ns, entry) if entry else None
 
     async def alist(
         self,
@@ -300,7 +323,7 @@ class LeaseholdSaver(BaseCheckpointSaver[int]):
                         continue
                     if before_id and checkpoint_id >= before_id:
                         continue
-                    item = self._tuple(ns, entries[checkpoint_id])
+                    item = self._tuple(doc, ns, entries[checkpoint_id])
                     if filter and not all(item.metadata.get(k) == v for k, v in filter.items()):
                         continue
                     if limit is not None and len(out) >= limit:
@@ -324,12 +347,8 @@ class LeaseholdSaver(BaseCheckpointSaver[int]):
         )
         async with self._lock:
             doc = await self._load()
-            entries = doc.namespaces.setdefault(ns, {})
-            previous = entries.get(entry.id)
-            if previous is not None:
-                entry.writes = previous.writes
-            entries[entry.id] = entry
-            self._prune(entries)
+            doc.namespaces.setdefault(ns, {})[entry.id] = entry
+            self._prune(doc, ns)
             await self._store(doc)
         return {
             "configurable": {
@@ -350,15 +369,13 @@ class LeaseholdSaver(BaseCheckpointSaver[int]):
         checkpoint_id = config["configurable"]["checkpoint_id"]
         async with self._lock:
             doc = await self._load()
-            entry = doc.namespaces.get(ns, {}).get(checkpoint_id)
-            if entry is None:
-                raise ValueError(f"no checkpoint {checkpoint_id!r} in namespace {ns!r} to write to")
+            stored = doc.writes_of(ns, checkpoint_id)
             changed = False
             for idx, (channel, value) in enumerate(writes):
                 key = (task_id, WRITES_IDX_MAP.get(channel, idx))
-                if key[1] >= 0 and key in entry.writes:
+                if key[1] >= 0 and key in stored:
                     continue
-                entry.writes[key] = _Write(
+                stored[key] = _Write(
                     task_id, key[1], channel, self.serde.dumps_typed(value), task_path
                 )
                 changed = True
