@@ -19,7 +19,7 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 
-import { AgentError, createAgentHandler, type AgentRequest, type Session } from "../src/agent.js";
+import { AgentError, createAgentHandler, type AgentRequest, type Session } from "@leasehold/sdk/agent";
 
 interface Input {
   text?: string;

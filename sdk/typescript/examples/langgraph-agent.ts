@@ -17,8 +17,8 @@ import { parseArgs } from "node:util";
 
 import { Annotation, END, START, StateGraph } from "@langchain/langgraph";
 
-import { AgentError, createAgentHandler, type Session } from "../src/agent.js";
-import { LeaseholdSaver, publishGraphStream } from "../src/langgraph.js";
+import { AgentError, createAgentHandler, type Session } from "@leasehold/sdk/agent";
+import { LeaseholdSaver, publishGraphStream } from "@leasehold/sdk/langgraph";
 
 const State = Annotation.Root({
   messages: Annotation<string[]>({ reducer: (a, b) => a.concat(b), default: () => [] }),

@@ -233,7 +233,11 @@ export class Session {
     return this.sidecar.journalEvents(this.key, turnId, this.signal);
   }
 
-  /** The session idled out: release its lease (claimable at once) and forget its memory. */
+  /**
+   * The session idled out: release its lease (claimable at once) and forget its memory.
+   * Call it between turns (keep the `Session` of the last one), not inside a running
+   * turn: the sidecar stands a released session down, so that turn would be halted.
+   */
   async release(): Promise<void> {
     this.throwIfFenced();
     this.memory.clear();

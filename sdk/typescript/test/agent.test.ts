@@ -133,16 +133,14 @@ test("stand-down aborts a running turn's signal with Fenced; release makes the s
   const held = gate();
   let reason: unknown;
   let afterStandDown: unknown;
+  const kept = new Map<string, Session>();
   const make = ({ name, agentApiUrl }: { name: string; agentApiUrl: string }): AgentHandler =>
     createAgentHandler({
       sidecarUrl: agentApiUrl,
       onTurn: async (session, request) => {
-        const input = request.json<Input & { release?: boolean }>();
+        const input = request.json<Input>();
         await session.checkpoint({ text: input.text });
-        if (input.release === true) {
-          await session.release();
-          return { released: true, node: name };
-        }
+        kept.set(`${name}:${session.key}`, session);
         if (input.hold === true) {
           held.open();
           await new Promise((resolve) => {
@@ -172,13 +170,20 @@ test("stand-down aborts a running turn's signal with Fenced; release makes the s
     assert.ok(afterStandDown instanceof Fenced, "writes after a stand-down throw Fenced without a round trip");
     assert.notEqual(await turn, 200);
 
-    // release(): the lease is handed back, claimable before any TTL.
+    // release() once the session idled out (after its turn): claimable before any TTL.
     const key2 = "released";
     const toB = cluster.client({}, [b]);
-    const released = await toB.sendTurn(key2, { text: "x", release: true });
-    assert.deepEqual(await released.json(), { released: true, node: "node-b" });
+    assert.deepEqual(await (await toB.sendTurn(key2, { text: "x" })).json(), { node: "node-b", epoch: 1 });
+    assert.equal((await toB.session(key2)).claimable, false);
+    const idle = kept.get(`node-b:${key2}`);
+    assert.ok(idle);
+    await idle.release();
     const info = await toB.session(key2);
     assert.equal(info.claimable, true, "released: claimable at once");
     assert.equal(info.owner, null);
+    // The next turn anywhere claims it again, with the next epoch.
+    const next = await cluster.client({}, [cluster.nodes[2] as Nodes[number]]).sendTurn(key2, { text: "y" });
+    assert.equal(next.owner, "node-c");
+    assert.equal(next.epoch, 2);
   });
 });

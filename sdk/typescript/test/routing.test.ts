@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { Client, ConnectionError, RetryBudgetExhausted } from "../src/index.js";
-import { Cluster, PUBLIC_PORT, drain, nextIp, withCluster } from "./support/cluster.js";
+import { Cluster, MINIMAL_AGENT_JS, PUBLIC_PORT, drain, nextIp, withCluster } from "./support/cluster.js";
 
 interface DemoAnswer {
   history_len: number;
@@ -109,5 +109,17 @@ test("a drained pod's directives are obeyed until their budget runs out: RetryBu
     });
     const took = Date.now() - started;
     assert.ok(took >= 900 && took < 3000, `gave up after ${took} ms (budget 1000 ms)`);
+  });
+});
+
+test("the README's minimal agent serves turns behind two sidecars, its state following the session", async () => {
+  await withCluster({ nodes: 2, agent: { kind: "program", script: MINIMAL_AGENT_JS } }, async (cluster) => {
+    const [a, b] = cluster.nodes as [Cluster["nodes"][number], Cluster["nodes"][number]];
+    const key = "minimal";
+    assert.deepEqual(await (await cluster.client({}, [a]).sendTurn(key, { text: "one" })).json(), { history_len: 1, epoch: 1 });
+    await drain(a, cluster.secret); // hand the session to node-b
+    const answer = await cluster.client({}, [b]).sendTurn(key, { text: "two" });
+    assert.equal(answer.owner, "node-b");
+    assert.deepEqual(await answer.json(), { history_len: 2, epoch: 2 });
   });
 });

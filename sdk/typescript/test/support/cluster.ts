@@ -52,6 +52,7 @@ function binary(name: string): string {
 
 export const DEMO_AGENT_JS = join(SDK_ROOT, "dist/examples/demo-agent.js");
 export const LANGGRAPH_AGENT_JS = join(SDK_ROOT, "dist/examples/langgraph-agent.js");
+export const MINIMAL_AGENT_JS = join(SDK_ROOT, "dist/examples/minimal-agent.js");
 
 // ---------------------------------------------------------------------------------------
 // Waiting on conditions
@@ -378,6 +379,8 @@ export class Cluster {
             process.execPath,
             [agent.kind === "demo" ? DEMO_AGENT_JS : agent.script, "--listen", `${ip}:${AGENT_PORT}`, "--sidecar-url", node.agentApiUrl, "--node-id", name],
             join(logDir, `${name}-agent.log`),
+            // The same settings by environment, for agents that take no flags.
+            { ...process.env, DEMO_AGENT_LISTEN: `${ip}:${AGENT_PORT}`, LEASEHOLD_SIDECAR_URL: node.agentApiUrl, LEASEHOLD_NODE_ID: name },
           );
         } else {
           const handler = agent.make({ name, agentApiUrl: node.agentApiUrl });
