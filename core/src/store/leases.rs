@@ -24,6 +24,13 @@ const CLAIM_ATTEMPTS: u32 = 5;
 /// The caller's own node row must be live (`me`), else nothing is written. Under READ
 /// COMMITTED a claim that lost a race against a concurrent first insert finds no holder
 /// in its snapshot: the answer is then empty and the caller re-runs it (never "free").
+///
+/// Case 3 takes over only when the owner's node row is *visible and expired*. `ON
+/// CONFLICT` re-checks the newest lease row, but the subquery on `agent_nodes` reads the
+/// statement's older snapshot: a boot that registered and claimed after that snapshot has
+/// a node row we cannot see, and its absence must not read as "expired" (that took over a
+/// live lease). Such a claim changes nothing and finds no holder in its snapshot: the
+/// empty answer, re-run with a fresh snapshot, which sees the holder.
 pub const CLAIM_SQL: &str = r#"
 WITH me AS (
     SELECT owner FROM agent_nodes WHERE owner = $2 AND expires_at > now()
@@ -41,8 +48,8 @@ won AS (
         updated_at  = now()
     WHERE (l.owner = EXCLUDED.owner AND NOT l.released)
        OR l.released
-       OR NOT EXISTS (SELECT 1 FROM agent_nodes n
-                      WHERE n.owner = l.owner AND n.expires_at > now())
+       OR EXISTS (SELECT 1 FROM agent_nodes n
+                  WHERE n.owner = l.owner AND n.expires_at <= now())
     RETURNING l.epoch, l.acquired_at = now() AS acquired
 ),
 holder AS (

@@ -6,7 +6,7 @@
 
 pub mod checkpoints;
 pub mod leases;
-mod nodes;
+pub mod nodes;
 pub mod notify;
 
 use std::time::Duration;

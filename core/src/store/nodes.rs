@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlx::Row;
+use sqlx::{PgExecutor, Row};
 
 use super::{bounded, db, remaining, ttl_ms, LeaseStore, Owner, Result};
 
@@ -61,19 +61,29 @@ pub struct NodeLease {
     pub remaining: Duration,
 }
 
+/// Run the registration statement on any executor (a pool, or a test's transaction).
+pub async fn register<'e>(
+    exec: impl PgExecutor<'e>,
+    owner: &Owner,
+    peer_addr: &str,
+    ttl: Duration,
+) -> Result<u64> {
+    let row = sqlx::query(REGISTER_SQL)
+        .bind(owner.as_str())
+        .bind(owner.node_id())
+        .bind(peer_addr)
+        .bind(ttl_ms(ttl))
+        .fetch_one(exec)
+        .await
+        .map_err(db("register boot"))?;
+    Ok(row.get::<i64, _>("revoked").unsigned_abs())
+}
+
 impl LeaseStore {
     /// Register `owner` as a new live boot for `ttl`, revoking earlier boots of its node
     /// id in the same statement. Returns how many earlier boots were revoked.
     pub async fn register_boot(&self, owner: &Owner, peer_addr: &str, ttl: Duration) -> Result<u64> {
-        let row = sqlx::query(REGISTER_SQL)
-            .bind(owner.as_str())
-            .bind(owner.node_id())
-            .bind(peer_addr)
-            .bind(ttl_ms(ttl))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db("register boot"))?;
-        Ok(row.get::<i64, _>("revoked").unsigned_abs())
+        register(&self.pool, owner, peer_addr, ttl).await
     }
 
     /// Renew this boot's node lease, and with it every session it holds, in one

@@ -58,3 +58,28 @@ pub async fn boot(store: &LeaseStore, node: &str, ttl: Duration) -> Owner {
     store.register_boot(&owner, &format!("127.0.0.1:{}", 7000 + node.len()), ttl).await.expect("register");
     owner
 }
+
+/// How long a test waits for a statement to block on a lock before failing.
+const LOCK_WAIT_WITHIN: Duration = Duration::from_secs(10);
+
+/// Wait until some backend's statement that mentions `table` is waiting on a lock (so a
+/// test knows the statement has started and is blocked, rather than sleeping and hoping).
+pub async fn wait_for_lock_wait(store: &LeaseStore, table: &str) {
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT_WITHIN;
+    let pattern = format!("%{table}%");
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&pattern)
+        .fetch_one(store.pool())
+        .await
+        .expect("read pg_stat_activity");
+        if waiting > 0 {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no statement on {table} waited for a lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
