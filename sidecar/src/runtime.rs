@@ -273,8 +273,8 @@ async fn watch_ownership(ownership: Arc<Ownership>, hubs: Arc<Hubs>, drain: Arc<
         hubs.changed_all();
         loop {
             match changes.next().await {
-                Ok(Change::Lease { key, owner, .. }) => {
-                    ownership.lease_changed(&key, owner.as_ref());
+                Ok(Change::Lease { key, epoch, owner }) => {
+                    ownership.lease_changed(&key, epoch, owner.as_ref());
                     hubs.changed(&key);
                 }
                 Ok(Change::Node { owner }) => {

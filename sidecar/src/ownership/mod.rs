@@ -229,22 +229,24 @@ impl Ownership {
 
     /// Stand a session down if we still hold it at `epoch` (a fenced write).
     pub fn stand_down(&self, key: &SessionKey, epoch: Epoch, reason: StandDownReason) {
-        let mut table = self.table();
-        if table.get(key).is_some_and(|e| e.epoch == epoch) {
-            let entry = table.remove(key).expect("checked above");
-            self.metrics.set_leases_held(table.len());
-            drop(table);
-            self.halt(key, entry, reason);
-        }
+        self.stand_down_if(key, |held| held.epoch == epoch, reason);
     }
 
     fn stand_down_any(&self, key: &SessionKey, reason: StandDownReason) {
+        self.stand_down_if(key, |_| true, reason);
+    }
+
+    /// Stand `key` down if what we hold of it `matches`, decided and removed under one
+    /// lock so a lease remembered meanwhile is never the one stood down.
+    fn stand_down_if(&self, key: &SessionKey, matches: impl FnOnce(&Held) -> bool, reason: StandDownReason) {
         let mut table = self.table();
-        if let Some(entry) = table.remove(key) {
-            self.metrics.set_leases_held(table.len());
-            drop(table);
-            self.halt(key, entry, reason);
+        if !table.get(key).is_some_and(matches) {
+            return;
         }
+        let entry = table.remove(key).expect("checked above");
+        self.metrics.set_leases_held(table.len());
+        drop(table);
+        self.halt(key, entry, reason);
     }
 
     fn halt(&self, key: &SessionKey, entry: Held, reason: StandDownReason) {
@@ -260,14 +262,15 @@ impl Ownership {
         self.table().get(key).is_some_and(|e| e.owner == owner)
     }
 
-    /// A notification says `key` now belongs to `owner` (or to nobody): forget any
-    /// remembered holder, and if we still think it is ours, it is not.
-    pub fn lease_changed(&self, key: &SessionKey, owner: Option<&Owner>) {
+    /// A notification says `key` at `epoch` now belongs to `owner` (or was released):
+    /// forget any remembered holder, and stand our lease down if the notification is
+    /// about it or a newer one and names someone else (or nobody). A notification about
+    /// an older epoch than ours is stale (it was queued behind our re-claim) and never
+    /// stands a newer lease down.
+    pub fn lease_changed(&self, key: &SessionKey, epoch: Epoch, owner: Option<&Owner>) {
         self.holders.forget(key);
-        let ours = self.table().get(key).map(|e| e.owner.clone());
-        if ours.is_some_and(|ours| Some(&ours) != owner) {
-            self.stand_down_any(key, StandDownReason::LeaseLost);
-        }
+        let moved = |ours: &Held| ours.epoch <= epoch && owner != Some(&ours.owner);
+        self.stand_down_if(key, moved, StandDownReason::LeaseLost);
     }
 
     /// Notifications may have been missed: trust no remembered holder.
@@ -344,18 +347,21 @@ impl Ownership {
     /// Release an idle session (the agent asked): claimable at once, no longer renewed.
     /// `Ok(false)` if we did not hold it at that epoch. A repeated release (a DELETE
     /// whose answer was lost) finds the row still ours at that epoch and succeeds again.
+    ///
+    /// The session leaves the table before the statement is sent, so the notification of
+    /// our own release never finds it there (it would stand the agent down for nothing);
+    /// if the statement fails the lease is still ours in the store and the next turn's
+    /// claim finds it again.
     pub async fn release(&self, key: &SessionKey, epoch: Epoch) -> Result<bool, store::Error> {
-        let owner = match self.local(key, epoch) {
-            Some(local) => local.owner,
-            None => self.node().owner,
+        let held = {
+            let mut table = self.table();
+            let ours = table.get(key).is_some_and(|e| e.epoch == epoch);
+            let held = if ours { table.remove(key) } else { None };
+            self.metrics.set_leases_held(table.len());
+            held
         };
-        let released = self.counted(self.store.release(key, &owner, epoch).await)?;
-        let mut table = self.table();
-        if table.get(key).is_some_and(|e| e.epoch == epoch) {
-            table.remove(key);
-        }
-        self.metrics.set_leases_held(table.len());
-        Ok(released)
+        let owner = held.map_or_else(|| self.node().owner, |held| held.owner);
+        self.counted(self.store.release(key, &owner, epoch).await)
     }
 
     /// Forget every session without telling anyone (after the hand-back of a drain,
@@ -442,6 +448,33 @@ mod tests {
         let ownership = Arc::new(Ownership::new(store, node, stood_down, Arc::default()));
         let lease = ownership.remember(key, owner, Epoch(1));
         (ownership, node_tx, lease)
+    }
+
+    /// Release at epoch 1, re-claim at epoch 2, then the queued epoch-1 notification
+    /// arrives: it describes a lease older than ours and must not stand epoch 2 down.
+    #[tokio::test]
+    async fn a_stale_notification_never_stands_down_a_newer_lease() {
+        let key = SessionKey::parse("s").unwrap();
+        let (ownership, _node, first) = holding(&key);
+        let me = first.owner.clone();
+        let second = ownership.remember(&key, me.clone(), Epoch(2));
+        ownership.lease_changed(&key, Epoch(1), None); // epoch 1 released
+        ownership.lease_changed(&key, Epoch(1), Some(&me)); // epoch 1 claimed
+        assert!(!second.halt.is_cancelled() && ownership.holds(&key), "epoch 2 kept");
+
+        let other = Owner::new_boot("node-b");
+        ownership.lease_changed(&key, Epoch(2), Some(&me));
+        assert!(!second.halt.is_cancelled(), "our own claim at our epoch");
+        ownership.lease_changed(&key, Epoch(3), Some(&other));
+        assert!(second.halt.is_cancelled() && !ownership.holds(&key), "a newer lease elsewhere");
+    }
+
+    #[tokio::test]
+    async fn a_release_of_our_epoch_by_anyone_stands_it_down() {
+        let key = SessionKey::parse("s").unwrap();
+        let (ownership, _node, lease) = holding(&key);
+        ownership.lease_changed(&key, Epoch(1), None);
+        assert!(lease.halt.is_cancelled() && !ownership.holds(&key));
     }
 
     #[tokio::test(start_paused = true)]
