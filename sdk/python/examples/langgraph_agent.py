@@ -18,10 +18,11 @@ import sys
 from typing import Annotated, Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
+from starlette.applications import Starlette
+
 from leasehold.agent import Session, TurnRequest, create_app
 from leasehold.demo_agent import default_node_id, parse_args, split_listen
 from leasehold.langgraph import LeaseholdSaver, astream_published
-from starlette.applications import Starlette
 
 
 class State(TypedDict, total=False):

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import leasehold
 import psycopg
+
+import leasehold
 
 HERE = Path(__file__).resolve().parent
 SDK = HERE.parent
@@ -486,3 +487,65 @@ def cluster(database_url: str, log_dir: Path, **options: Any) -> Iterator[Cluste
         raise
     finally:
         c.stop()
+
+
+def probe_server_features(database_url: str, log_dir: Path) -> dict[str, str | None]:
+    """Ask a real one-pod cluster (the Python demo agent behind it) what it implements:
+
+    - `forward_headers`: `leasehold-sidecar --help` lists `--forward-headers` (CONTRACT §2);
+    - `turn_journal`: after an acknowledged turn with an Idempotency-Key,
+      `GET /v1/sessions/{key}/turns/{that key}` answers 200 (CONTRACT §3, §9);
+    - `idempotency`: the same key and body sent again is answered `Leasehold-Replayed: true`;
+    - `multitask`: a turn sent with `Leasehold-Multitask: reject` while another of the
+      session runs is answered `409 busy`.
+    """
+    found: dict[str, str | None] = {}
+    help_text = subprocess.run(
+        [str(binary("leasehold-sidecar")), "--help"], capture_output=True, text=True, check=False
+    ).stdout
+    found["forward_headers"] = (
+        None
+        if "--forward-headers" in help_text
+        else "`leasehold-sidecar --help` has no --forward-headers: client headers do not "
+        "reach the agent"
+    )
+    probe = Cluster(database_url, log_dir, nodes=1)
+    try:
+        url = probe.nodes[0].public_url
+        key, idem = "probe", f"probe-{uuid.uuid4()}"
+        with leasehold.Client([url]) as client:
+            first = client.send_turn(key, {"text": "probe", "tokens": 0}, idempotency_key=idem)
+            status = httpx.get(f"{url}/v1/sessions/{key}/turns/{idem}", timeout=10).status_code
+            found["turn_journal"] = (
+                None
+                if status == 200
+                else f"GET /v1/sessions/{{key}}/turns/{{id}} answered {status} for an "
+                "acknowledged turn"
+            )
+            again = client.send_turn(key, {"text": "probe", "tokens": 0}, idempotency_key=idem)
+            found["idempotency"] = (
+                None
+                if again.replayed and again.content == first.content
+                else "a repeated Idempotency-Key was run again (no Leasehold-Replayed: true)"
+            )
+            running = threading.Thread(
+                target=client.send_turn,
+                args=(key, {"text": "long", "tokens": 1, "think_ms": 1500}),
+                daemon=True,
+            )
+            with client.stream(key) as stream:
+                running.start()
+                for event in stream:  # the long turn is running once it has started
+                    if event.type == "turn_started" and event.data.get("text") == "long":
+                        break
+            try:
+                client.send_turn(key, {"text": "second", "tokens": 0}, multitask="reject")
+                found["multitask"] = (
+                    "`Leasehold-Multitask: reject` during a running turn was run, not 409 busy"
+                )
+            except leasehold.Busy:
+                found["multitask"] = None
+            running.join(timeout=10)
+    finally:
+        probe.stop()
+    return found

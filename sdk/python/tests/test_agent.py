@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import leasehold
 import pytest
+from starlette.applications import Starlette
+
+import leasehold
 from harness import Cluster, Node, stored_checkpoint, stored_history, wait_until
 from leasehold.agent import Session, TurnRequest, create_app
-from starlette.applications import Starlette
 
 SLACK = 3.0
 

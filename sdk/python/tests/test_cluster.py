@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import leasehold
 import pytest
+
+import leasehold
 from harness import Cluster, lease_epoch, stored_history, wait_until
 
 #: Scheduling slack on top of a bound derived from the lease TTL (2 cores, many processes).

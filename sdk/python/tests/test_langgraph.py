@@ -15,8 +15,9 @@ from types import ModuleType
 from typing import Any
 
 import httpx
-import leasehold
 import pytest
+
+import leasehold
 from harness import (
     EXAMPLES,
     Cluster,
@@ -179,7 +180,7 @@ def test_the_saver_keeps_the_latest_checkpoints_with_their_writes(
         try:
             saver = LeaseholdSaver(session, max_checkpoints=5)
             # The demo agent's turn left its own checkpoint: the saver refuses to read it…
-            with pytest.raises(ValueError, match="not a leasehold.langgraph blob"):
+            with pytest.raises(ValueError, match=r"not a leasehold\.langgraph blob"):
                 await saver.aget_tuple(saver.config)
             # …until the thread is deleted (a fenced write of an empty blob).
             await saver.adelete_thread("saver")
@@ -211,7 +212,7 @@ def test_the_saver_keeps_the_latest_checkpoints_with_their_writes(
             await again.session.sidecar.aclose()
 
             foreign = LeaseholdSaver(Session("foreign", 1, sidecar=node.agent_api_url))
-            with pytest.raises(ValueError, match="not a leasehold.langgraph blob"):
+            with pytest.raises(ValueError, match=r"not a leasehold\.langgraph blob"):
                 await foreign.aget_tuple(foreign.config)
             await foreign.session.sidecar.aclose()
         finally:
