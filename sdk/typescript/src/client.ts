@@ -28,6 +28,7 @@ import {
   parseDirective,
   parseEventId,
   parseJsonOrText,
+  randomUuid,
   sleep,
   trimBase,
 } from "./internal.js";
@@ -259,7 +260,7 @@ export class Client {
   }
 
   private async post(kind: "turns" | "events", key: string, body: Body, options: TurnOptions): Promise<TurnResult> {
-    const idempotencyKey = options.idempotencyKey ?? crypto.randomUUID();
+    const idempotencyKey = options.idempotencyKey ?? randomUuid();
     if (!/^[\x21-\x7e]{1,255}$/.test(idempotencyKey)) {
       throw new TypeError("Idempotency-Key must be 1-255 visible ASCII characters");
     }

@@ -127,6 +127,19 @@ export function encodeBody(body: Body, contentType?: string): { body: string | U
   return { body: JSON.stringify(body), contentType: contentType ?? "application/json" };
 }
 
+/**
+ * A random UUID v4. `crypto.randomUUID` exists in Node and in browsers' secure contexts;
+ * elsewhere (a page over plain http) it is built from `crypto.getRandomValues`.
+ */
+export function randomUuid(): string {
+  if (typeof crypto.randomUUID === "function") return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = ((b[6] ?? 0) & 0x0f) | 0x40;
+  b[8] = ((b[8] ?? 0) & 0x3f) | 0x80;
+  const hex = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
 export function isUuid(s: string): boolean {
   return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);
 }
