@@ -363,8 +363,8 @@ class Cluster:
     """`nodes` pods, each a real sidecar and an agent, sharing one database.
 
     `agents` maps a node index to how its agent is started: a function returning an argv
-    (a process) or an ASGI app (served in this process); the default is the Python
-    reference agent as a process."""
+    (a process), an (argv, environment) pair, or an ASGI app (served in this process); the
+    default is the Python reference agent as a process."""
 
     def __init__(
         self,
@@ -440,7 +440,10 @@ class Cluster:
         node = Node(name, ip, ports, sidecar, agent=None)  # type: ignore[arg-type]
         try:
             made = agent(node)
-            if isinstance(made, list):
+            if isinstance(made, tuple):  # (argv, extra environment)
+                log = self.log_dir / f"{name}-agent.log"
+                node.agent = Proc(f"{name}/agent", made[0], log, {**_clean_env(), **made[1]})
+            elif isinstance(made, list):
                 log = self.log_dir / f"{name}-agent.log"
                 node.agent = Proc(f"{name}/agent", made, log, _clean_env())
             else:

@@ -39,6 +39,7 @@ import contextlib
 import inspect
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -486,15 +487,17 @@ def create_app(
     *,
     on_event: Handler | None = None,
     on_stand_down: StandDownHook | None = None,
-    sidecar_url: str = DEFAULT_SIDECAR_URL,
+    sidecar_url: str | None = None,
     http_client: httpx.AsyncClient | None = None,
     routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The agent's ASGI app (Starlette). `on_turn` serves turns, and events too unless
     `on_event` is given (`request.kind` tells them apart); `on_stand_down(key)` is called
     when the sidecar lost a session, after its running handler was cancelled; `routes`
-    are added to the app (e.g. health checks)."""
-    sidecar = SidecarApi(sidecar_url, http=http_client)
+    are added to the app (e.g. health checks). `sidecar_url` defaults to
+    `$LEASEHOLD_SIDECAR_URL`, else `http://127.0.0.1:8082`."""
+    url = sidecar_url or os.environ.get("LEASEHOLD_SIDECAR_URL") or DEFAULT_SIDECAR_URL
+    sidecar = SidecarApi(url, http=http_client)
     agent = AgentApp(on_turn, on_event=on_event, on_stand_down=on_stand_down, sidecar=sidecar)
 
     async def turns(request: Request) -> Response:
