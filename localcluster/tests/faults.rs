@@ -525,3 +525,69 @@ async fn an_observer_behind_a_partition_between_pods_catches_up_without_a_gap_wh
         "no reconnect asked of the client"
     );
 }
+
+/// Backends of `database_url`'s database waiting on a lock.
+async fn lock_waiters(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// Request traffic that holds every pooled connection of node-a for twice the TTL (each
+/// turn's claim blocked on a locked lease table) never makes node-a's node lease lapse:
+/// the heartbeat renews on connections of its own, and the session node-a holds is never
+/// stood down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_pool_held_busy_past_the_ttl_does_not_lapse_the_node_lease() {
+    use sqlx::Connection;
+    const FLOOD: usize = 40;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let (cluster, ttl) = short_leases(&db).await;
+    turn_on_node_a(&cluster, "held", "first").await;
+    let a = &cluster.nodes[0];
+    assert_eq!(a.metric("leasehold_leases_held", "").await, 1.0);
+
+    let mut locker = sqlx::PgConnection::connect(&db).await.unwrap();
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE agent_leases IN ACCESS EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
+    let held_until = Instant::now() + ttl * 2 + Duration::from_millis(500);
+    let floods: Vec<_> = (0..FLOOD)
+        .map(|i| {
+            let url = format!("{}/v1/sessions/flood-{i}/turns", a.public_url());
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                while Instant::now() < held_until {
+                    let _ = http.post(&url).body(turn("x").to_string()).send().await;
+                }
+            })
+        })
+        .collect();
+    let mut watcher = sqlx::PgConnection::connect(&db).await.unwrap();
+    let waiting_by = Instant::now() + Duration::from_secs(5);
+    while lock_waiters(&mut watcher).await < 16 {
+        assert!(Instant::now() < waiting_by, "the flood never held node-a's 16 pooled connections");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let readyz = format!("{}/readyz", a.admin_url());
+    while Instant::now() < held_until {
+        let ready = reqwest::get(&readyz).await.unwrap().status();
+        assert_eq!(ready, 200, "node-a stopped being ready while its request pool was busy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lock.rollback().await.unwrap();
+    for flood in floods {
+        flood.await.unwrap();
+    }
+    assert_eq!(a.metric("leasehold_stand_downs_total", "").await, 0.0, "a session was stood down");
+    let answer = cluster
+        .client()
+        .post("/v1/sessions/held/turns", turn("second").to_string().into(), Some(0))
+        .await
+        .unwrap();
+    assert_eq!((answer.status, answer.owner.as_deref(), answer.epoch), (200, Some("node-a"), Some(1)));
+}

@@ -112,16 +112,23 @@ async fn bind(config: &Config) -> anyhow::Result<Listeners> {
     })
 }
 
+/// Connections of the heartbeat's own pool: one beat at a time, and one spare for the
+/// re-registration after a lost boot.
+const HEARTBEAT_CONNECTIONS: u32 = 2;
+
 /// Migrate (unless disabled) and register this boot, revoking earlier boots of the node
-/// id; retried while the database is unreachable.
+/// id; retried while the database is unreachable. The heartbeat renews on connections of
+/// its own, so request traffic that holds every pooled connection cannot make this
+/// process's node lease lapse.
 async fn start_heartbeat(config: &Config, store: &LeaseStore) -> HeartbeatHandle {
+    let own = store.dedicated(HEARTBEAT_CONNECTIONS);
     loop {
         let attempt = async {
             if config.args.migrate {
                 store.migrate().await.context("applying migrations")?;
             }
             let heartbeat = Heartbeat {
-                store: store.clone(),
+                store: own.clone(),
                 node_id: config.node_id.clone(),
                 peer_addr: config.advertise_peer_addr.clone(),
                 ttl: config.args.lease_ttl,

@@ -118,6 +118,18 @@ impl LeaseStore {
         Ok(Self { pool })
     }
 
+    /// A store on the same database with `max_connections` connections of its own, for
+    /// work that must never wait behind request traffic (the heartbeat): a pool whose
+    /// every connection is busy with requests cannot starve it.
+    pub fn dedicated(&self, max_connections: u32) -> Self {
+        let options = self.pool.connect_options().as_ref().clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(options);
+        Self { pool }
+    }
+
     /// Connect now, failing fast when the database is unreachable (`migrate`).
     pub async fn connect(database_url: &str, max_connections: u32) -> Result<Self> {
         let pool = PgPoolOptions::new()

@@ -50,8 +50,12 @@ pub struct Changes {
 }
 
 impl LeaseStore {
+    /// Subscribe on a connection of its own (a one-connection pool beside the request
+    /// pool: the listener keeps its connection for good and re-takes it after a loss, and
+    /// neither may wait behind request traffic).
     pub async fn listen(&self) -> Result<Changes> {
-        let mut listener = PgListener::connect_with(self.pool()).await.map_err(db("listen connect"))?;
+        let own = self.dedicated(1);
+        let mut listener = PgListener::connect_with(own.pool()).await.map_err(db("listen connect"))?;
         listener.listen(CHANNEL).await.map_err(db("listen"))?;
         Ok(Changes { listener })
     }
