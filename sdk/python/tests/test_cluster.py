@@ -155,33 +155,49 @@ def test_a_drained_pod_exhausts_the_draining_budget(make_cluster: Callable[..., 
 
 
 def test_owner_failed_is_never_retried_unless_asked(make_cluster: Callable[..., Cluster]) -> None:
+    """A turn forwarded to a frozen owner is `502 owner_failed` once the owner's lease
+    lapses (it may have run). Asked to, the client re-sends it with the same key and the
+    takeover serves it; by default it raises `OwnerFailed` after one request."""
     cluster = make_cluster(**short_leases())
-    key = "frozen"
-    with cluster.client(0) as client:
-        assert client.send_turn(key, {"text": "first", "tokens": 0}).owner == "node-a"
     a = cluster.nodes[0]
-    a.sidecar.pause()
-    a.agent.pause()
-    try:
-        others = [cluster.nodes[1].public_url, cluster.nodes[2].public_url]
-        recorder = Recorder()
-        with recorder.client(others) as client, pytest.raises(leasehold.OwnerFailed) as failed:
-            client.send_turn(key, {"text": "into the freeze", "tokens": 0})
-        assert failed.value.status == 502 and failed.value.directive is None
-        assert len(recorder.posts()) == 1, "no directive: the client invents no retry"
+    others = [cluster.nodes[1].public_url, cluster.nodes[2].public_url]
 
-        # Asked to, it re-sends with the same key; the takeover serves it.
-        recorder = Recorder()
-        with recorder.client(others, retry_owner_failed=True) as client:
-            answer = client.send_turn(key, {"text": "retried", "tokens": 0})
-        assert (answer.status, answer.epoch) == (200, 2)
-        posts = recorder.posts()
-        assert len({r.headers["idempotency-key"] for r in posts}) == 1
-        assert "owner_failed" in answer.directives or len(posts) == 1 + len(answer.directives)
-    finally:
+    def freeze_owning(key: str) -> None:
+        with cluster.client(0) as via_a:
+            assert via_a.send_turn(key, {"text": "first", "tokens": 0}).owner == "node-a"
+        a.sidecar.pause()
+        a.agent.pause()
+
+    def thaw() -> None:
         a.sidecar.resume()
         a.agent.resume()
-    assert stored_history(cluster.database_url, key) == ["first", "retried"]
+
+    freeze_owning("retried")
+    try:
+        recorder = Recorder()
+        with recorder.client(others, retry_owner_failed=True) as client:
+            answer = client.send_turn("retried", {"text": "again", "tokens": 0})
+    finally:
+        thaw()
+    assert (answer.status, answer.epoch) == (200, 2)
+    assert "owner_failed" in answer.directives, answer.directives
+    posts = recorder.posts()
+    assert len(posts) >= 2
+    assert {r.headers["idempotency-key"] for r in posts} == {answer.idempotency_key}
+    assert stored_history(cluster.database_url, "retried") == ["first", "again"], "ran once"
+
+    a.wait_ready()  # node-a rejoins with a new boot
+    freeze_owning("not-retried")
+    try:
+        recorder = Recorder()
+        with recorder.client(others) as client, pytest.raises(leasehold.OwnerFailed) as failed:
+            client.send_turn("not-retried", {"text": "into the freeze", "tokens": 0})
+    finally:
+        thaw()
+    assert (failed.value.status, failed.value.code) == (502, "owner_failed")
+    assert failed.value.directive is None
+    assert len(recorder.posts()) == 1, "no directive: the client invents no retry"
+    assert stored_history(cluster.database_url, "not-retried") == ["first"]
 
 
 def test_a_stream_resumes_with_last_event_id_after_its_pod_is_drained(

@@ -466,9 +466,12 @@ class AgentApp:
             running.reason = "fenced"
             running.task.cancel()
         if self.on_stand_down is not None:
-            result = self.on_stand_down(key)
-            if inspect.isawaitable(result):
-                await result
+            try:
+                result = self.on_stand_down(key)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # the stand-down itself happened; the hook's failure is logged
+                log.exception("on_stand_down(%r) failed", key)
         log.info("session %s stood down", key)
         return Response(status_code=204)
 

@@ -77,7 +77,7 @@ def _turn_request(
     if multitask is not None and multitask not in MULTITASK:
         raise ValueError(f"multitask must be one of {MULTITASK}")
     content, ctype = encode_body(body, content_type)
-    sent = {**defaults, **(headers or {})}
+    sent = {**defaults, **{k.lower(): v for k, v in (headers or {}).items()}}
     sent.update(
         {"content-type": ctype, "idempotency-key": idem, "leasehold-turn-id": turn_id_for(idem)}
     )
