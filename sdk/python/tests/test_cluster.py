@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -149,6 +150,18 @@ def test_a_drained_pod_exhausts_the_draining_budget(make_cluster: Callable[..., 
     assert 1.5 - error.directive.delay - 0.1 <= waited <= 1.5 + SLACK, waited
     assert len(recorder.posts()) == len(error.directives)
     assert len({r.headers["idempotency-key"] for r in recorder.posts()}) == 1
+
+    # The asyncio client obeys the same directives and gives up the same way.
+    async def async_attempt() -> leasehold.RetryBudgetExhausted:
+        async with leasehold.AsyncClient(cluster.nodes[0].public_url) as client:
+            with pytest.raises(leasehold.RetryBudgetExhausted) as gave_up:
+                await client.send_turn("drained", {"text": "x"})
+        return gave_up.value
+
+    started = time.monotonic()
+    async_error = asyncio.run(async_attempt())
+    assert async_error.code == "draining" and len(async_error.directives) >= 2
+    assert time.monotonic() - started >= 1.5 - error.directive.delay - 0.1
     # The other pod serves it at once.
     with cluster.client(1) as client:
         assert client.send_turn("drained", {"text": "x"}).owner == "node-b"
