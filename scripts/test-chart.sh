@@ -108,6 +108,8 @@ fi
 render default
 render watch --set watchNamespace=team-a
 render crds --include-crds
+render monitoring --set 'networkPolicy.monitoringNamespaceLabels.kubernetes\.io/metadata\.name=monitoring' \
+  --set networkPolicy.monitoringPodLabels.app=prometheus
 render custom --set metrics.port=9090 --set metrics.service.enabled=false \
   --set-string image.tag=1.2.3 --set-string sidecarImage.tag=4.5.6 --set logLevel=debug \
   --set serviceAccount.create=false --set serviceAccount.name=existing-sa \
@@ -348,6 +350,18 @@ if watch:
           args == expected_args() + ["--watch-namespace", "team-a"], args)
     check("watchNamespace leaves the objects unchanged otherwise",
           sorted(o["kind"] for o in watch) == want, sorted(o["kind"] for o in watch))
+
+# The monitoring stack the admin ports admit reaches the operator's flags; the
+# operator's pods carry the label the admin ports admit it by.
+monitoring = load("monitoring")
+if monitoring:
+    args = operator_container(monitoring)["args"]
+    check("networkPolicy monitoring labels become the operator's flags",
+          args == expected_args() + ["--monitoring-namespace-labels", "kubernetes.io/metadata.name=monitoring",
+                                     "--monitoring-pod-labels", "app=prometheus"], args)
+default_pod = [o for o in load("default") if o["kind"] == "Deployment"][0]["spec"]["template"]
+check("operator pods carry leasehold.dev/role=operator (admitted to admin ports)",
+      default_pod["metadata"]["labels"].get("leasehold.dev/role") == "operator", default_pod["metadata"]["labels"])
 
 # Overridden values reach the objects.
 custom = load("custom")

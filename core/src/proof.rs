@@ -1,6 +1,19 @@
-//! Peer authentication: a forwarded request carries an HMAC-SHA256 of the cluster secret
-//! over method, path, timestamp, a nonce and the body digest. The peer listener accepts it
-//! only within a short window and only once (nonces are remembered for the window).
+//! The proof of the cluster secret that every request between leasehold components
+//! carries (forwarded turns, followers' streams, the admin port's `/drain` and
+//! `/leases`): an HMAC-SHA256 keyed with the cluster secret over
+//!
+//! ```text
+//! leasehold-peer-v2 \n method \n path \n timestamp \n nonce \n destination \n
+//! name:value \n ... (each signed header, in the order listed) \n sha256(body) in hex
+//! ```
+//!
+//! `destination` is the node id of the sidecar the request is for, so a captured request
+//! cannot be replayed to another pod; the signed headers are listed in
+//! `Leasehold-Peer-Signed-Headers` and always include `leasehold-turn-id` and
+//! `content-type` (an absent header signs as an empty value). The receiver accepts a
+//! proof only within a short window of its own clock and only once (nonces are
+//! remembered for the window). During a rotation a proof made with the previous secret
+//! is accepted too; proofs are always made with the current one.
 
 use std::{
     collections::HashSet,
@@ -15,9 +28,14 @@ use sha2::{Digest, Sha256};
 pub const TIMESTAMP_HEADER: &str = "leasehold-peer-timestamp";
 pub const NONCE_HEADER: &str = "leasehold-peer-nonce";
 pub const SIGNATURE_HEADER: &str = "leasehold-peer-signature";
+pub const SIGNED_HEADERS_HEADER: &str = "leasehold-peer-signed-headers";
 const TIMESTAMP_NAME: HeaderName = HeaderName::from_static(TIMESTAMP_HEADER);
 const NONCE_NAME: HeaderName = HeaderName::from_static(NONCE_HEADER);
 const SIGNATURE_NAME: HeaderName = HeaderName::from_static(SIGNATURE_HEADER);
+const SIGNED_HEADERS_NAME: HeaderName = HeaderName::from_static(SIGNED_HEADERS_HEADER);
+
+/// Headers every proof covers: they change what a turn means.
+pub const ALWAYS_SIGNED: [&str; 2] = ["leasehold-turn-id", "content-type"];
 
 /// How far a proof's timestamp may be from the receiver's wall clock: covers pod clock
 /// skew under NTP and queueing, short enough that a captured request soon goes stale.
@@ -29,26 +47,46 @@ type HmacSha256 = Hmac<Sha256>;
 pub enum AuthError {
     #[error("missing or malformed peer proof header {0}")]
     Missing(&'static str),
+    #[error("peer proof does not cover header {0}")]
+    Uncovered(&'static str),
     #[error("peer proof timestamp is outside the {PROOF_WINDOW:?} window")]
     Stale,
-    #[error("peer proof signature does not match")]
+    #[error(
+        "peer proof signature does not match (another secret, another destination, or an altered request)"
+    )]
     BadSignature,
     #[error("peer proof was already used (replay)")]
     Replayed,
 }
 
-/// Signs outgoing peer requests and verifies incoming ones. `None` secret: insecure mode,
-/// nothing is signed and everything is accepted (development only).
+/// One request as the proof sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Signed<'a> {
+    pub method: &'a str,
+    /// Path and query, as sent.
+    pub path: &'a str,
+    /// The node id of the sidecar the request is for.
+    pub destination: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+}
+
+/// Signs outgoing requests and verifies incoming ones. No secret: insecure mode, nothing
+/// is signed and everything is accepted (development only).
 pub struct PeerAuth {
-    /// The HMAC keyed with the cluster secret once (a clone per request skips re-keying).
-    key: Option<HmacSha256>,
+    /// HMACs keyed once (a clone per request skips re-keying): the current secret first,
+    /// then the previous one during a rotation.
+    keys: Vec<HmacSha256>,
     seen: Mutex<Nonces>,
 }
 
-/// Never prints the key: a `{:?}` of the sidecar must not leak the cluster secret.
+/// Never prints a key: a `{:?}` of the sidecar must not leak the cluster secret.
 impl std::fmt::Debug for PeerAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerAuth").field("secure", &self.key.is_some()).finish_non_exhaustive()
+        f.debug_struct("PeerAuth")
+            .field("secure", &!self.keys.is_empty())
+            .field("keys", &self.keys.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -92,78 +130,101 @@ fn window_ms() -> u64 {
 }
 
 impl PeerAuth {
-    pub fn new(secret: Option<&str>) -> Self {
-        let key =
-            secret.map(|s| HmacSha256::new_from_slice(s.as_bytes()).expect("HMAC takes any key length"));
-        PeerAuth { key, seen: Mutex::new(Nonces::default()) }
+    /// `current` signs and verifies; `previous` (during a rotation) only verifies.
+    pub fn new(current: Option<&str>, previous: Option<&str>) -> Self {
+        let key = |s: &str| HmacSha256::new_from_slice(s.as_bytes()).expect("HMAC takes any key length");
+        let keys = match current {
+            Some(current) => std::iter::once(current).chain(previous).map(key).collect(),
+            None => Vec::new(),
+        };
+        PeerAuth { keys, seen: Mutex::new(Nonces::default()) }
     }
 
-    fn mac(key: &HmacSha256, method: &str, path: &str, ts: &str, nonce: &str, body: &[u8]) -> HmacSha256 {
+    fn mac(key: &HmacSha256, request: &Signed<'_>, ts: &str, nonce: &str, covered: &[&str]) -> HmacSha256 {
         let mut mac = key.clone();
-        let digest = hex(&Sha256::digest(body));
-        // "leasehold-peer-v1\n{method}\n{path}\n{ts}\n{nonce}\n{digest}", fed in pieces.
-        for part in [
-            b"leasehold-peer-v1".as_slice(),
-            method.as_bytes(),
-            path.as_bytes(),
-            ts.as_bytes(),
-            nonce.as_bytes(),
-        ] {
+        for part in [b"leasehold-peer-v2".as_slice(), request.method.as_bytes(), request.path.as_bytes()] {
             mac.update(part);
             mac.update(b"\n");
         }
-        mac.update(digest.as_bytes());
+        for part in [ts, nonce, request.destination] {
+            mac.update(part.as_bytes());
+            mac.update(b"\n");
+        }
+        for name in covered {
+            mac.update(name.as_bytes());
+            mac.update(b":");
+            mac.update(request.headers.get(*name).map_or(b"".as_slice(), HeaderValue::as_bytes));
+            mac.update(b"\n");
+        }
+        mac.update(hex(&Sha256::digest(request.body)).as_bytes());
         mac
     }
 
-    /// The proof headers for a request (none in insecure mode).
-    pub fn sign(&self, method: &str, path: &str, body: &[u8]) -> Vec<(HeaderName, HeaderValue)> {
-        self.sign_at(method, path, body, now_ms())
+    /// The proof headers for a request (none in insecure mode), covering
+    /// [`ALWAYS_SIGNED`] and `extra` headers.
+    pub fn sign(&self, request: &Signed<'_>, extra: &[HeaderName]) -> Vec<(HeaderName, HeaderValue)> {
+        self.sign_at(request, extra, now_ms())
     }
 
     pub fn sign_at(
         &self,
-        method: &str,
-        path: &str,
-        body: &[u8],
+        request: &Signed<'_>,
+        extra: &[HeaderName],
         ts_ms: u64,
     ) -> Vec<(HeaderName, HeaderValue)> {
-        let Some(key) = &self.key else { return Vec::new() };
+        let Some(key) = self.keys.first() else { return Vec::new() };
+        let covered: Vec<&str> =
+            ALWAYS_SIGNED.into_iter().chain(extra.iter().map(HeaderName::as_str)).collect();
         let ts = ts_ms.to_string();
         let mut buffer = uuid::Uuid::encode_buffer();
         let nonce: &str = uuid::Uuid::new_v4().simple().encode_lower(&mut buffer);
-        let signature = hex(&Self::mac(key, method, path, &ts, nonce, body).finalize().into_bytes());
-        let value = |v: &str| HeaderValue::from_str(v).expect("digits and hex are header values");
-        vec![(TIMESTAMP_NAME, value(&ts)), (NONCE_NAME, value(nonce)), (SIGNATURE_NAME, value(&signature))]
+        let signature = hex(&Self::mac(key, request, &ts, nonce, &covered).finalize().into_bytes());
+        let value =
+            |v: &str| HeaderValue::from_str(v).expect("digits, hex and header names are header values");
+        vec![
+            (TIMESTAMP_NAME, value(&ts)),
+            (NONCE_NAME, value(nonce)),
+            (SIGNED_HEADERS_NAME, value(&covered.join(","))),
+            (SIGNATURE_NAME, value(&signature)),
+        ]
     }
 
-    /// Check an incoming request's proof.
-    pub fn verify(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Result<(), AuthError> {
-        let Some(key) = &self.key else { return Ok(()) };
+    /// Check an incoming request's proof, made for `request.destination` (our node id).
+    pub fn verify(&self, request: &Signed<'_>) -> Result<(), AuthError> {
+        if self.keys.is_empty() {
+            return Ok(());
+        }
         let header = |name: &'static str| {
-            headers
+            request
+                .headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
                 .ok_or(AuthError::Missing(name))
         };
-        let (ts, nonce, signature) =
-            (header(TIMESTAMP_HEADER)?, header(NONCE_HEADER)?, header(SIGNATURE_HEADER)?);
+        let (ts, nonce, signature, covered) = (
+            header(TIMESTAMP_HEADER)?,
+            header(NONCE_HEADER)?,
+            header(SIGNATURE_HEADER)?,
+            header(SIGNED_HEADERS_HEADER)?,
+        );
+        let covered: Vec<&str> = covered.split(',').collect();
+        if let Some(missing) = ALWAYS_SIGNED.into_iter().find(|name| !covered.contains(name)) {
+            return Err(AuthError::Uncovered(missing));
+        }
         let ts_ms: u64 = ts.parse().map_err(|_| AuthError::Missing(TIMESTAMP_HEADER))?;
         let now = now_ms();
         if now.abs_diff(ts_ms) > window_ms() {
             return Err(AuthError::Stale);
         }
         let signature = hex::decode(signature).map_err(|_| AuthError::BadSignature)?;
-        Self::mac(key, method, path, ts, nonce, body)
-            .verify_slice(&signature)
-            .map_err(|_| AuthError::BadSignature)?;
+        let valid = self
+            .keys
+            .iter()
+            .any(|key| Self::mac(key, request, ts, nonce, &covered).verify_slice(&signature).is_ok());
+        if !valid {
+            return Err(AuthError::BadSignature);
+        }
         // Only a correctly signed proof reaches the nonce cache, so it cannot be flooded.
         if !self.seen.lock().expect("nonce cache lock").insert(nonce, now) {
             return Err(AuthError::Replayed);
@@ -176,8 +237,29 @@ impl PeerAuth {
 mod tests {
     use super::*;
 
-    fn headers(proof: &[(HeaderName, HeaderValue)]) -> HeaderMap {
-        proof.iter().cloned().collect()
+    fn headers(pairs: &[(HeaderName, HeaderValue)]) -> HeaderMap {
+        pairs.iter().cloned().collect()
+    }
+
+    const PATH: &str = "/peer/v1/sessions/a/turns";
+
+    /// A turn for node-b with a turn id and a content type.
+    fn turn_headers() -> HeaderMap {
+        headers(&[
+            (crate::headers::TURN_ID, HeaderValue::from_static("11111111-2222-3333-4444-555555555555")),
+            (http::header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+        ])
+    }
+
+    fn request<'a>(headers: &'a HeaderMap, destination: &'a str, body: &'a [u8]) -> Signed<'a> {
+        Signed { method: "POST", path: PATH, destination, headers, body }
+    }
+
+    /// The request as it arrives: its own headers plus the proof.
+    fn signed(auth: &PeerAuth, headers: &HeaderMap, destination: &str, body: &[u8]) -> HeaderMap {
+        let mut sent = headers.clone();
+        sent.extend(auth.sign(&request(headers, destination, body), &[]));
+        sent
     }
 
     #[test]
@@ -188,55 +270,121 @@ mod tests {
 
     #[test]
     fn the_signature_covers_the_documented_message() {
-        let auth = PeerAuth::new(Some("k"));
+        let auth = PeerAuth::new(Some("k"), None);
         let (ts, nonce) = ("1700000000000", "0123456789abcdef0123456789abcdef");
-        let key = auth.key.as_ref().unwrap();
-        let got = hex(&PeerAuth::mac(key, "POST", "/p", ts, nonce, b"hi").finalize().into_bytes());
+        let h = turn_headers();
+        let covered = ["leasehold-turn-id", "content-type"];
+        let got = hex(&PeerAuth::mac(&auth.keys[0], &request(&h, "node-b", b"hi"), ts, nonce, &covered)
+            .finalize()
+            .into_bytes());
         let mut want = HmacSha256::new_from_slice(b"k").unwrap();
         let digest = ::hex::encode(Sha256::digest(b"hi"));
-        want.update(format!("leasehold-peer-v1\nPOST\n/p\n{ts}\n{nonce}\n{digest}").as_bytes());
+        want.update(
+            format!(
+                "leasehold-peer-v2\nPOST\n{PATH}\n{ts}\n{nonce}\nnode-b\n\
+                 leasehold-turn-id:11111111-2222-3333-4444-555555555555\ncontent-type:application/json\n{digest}"
+            )
+            .as_bytes(),
+        );
         assert_eq!(got, ::hex::encode(want.finalize().into_bytes()));
     }
 
     #[test]
     fn debug_output_does_not_show_the_secret() {
-        let shown = format!("{:?}", PeerAuth::new(Some("hunter2-secret")));
+        let shown = format!("{:?}", PeerAuth::new(Some("hunter2-secret"), Some("old-secret")));
         let bytes = format!("{:?}", b"hunter2-secret".to_vec());
-        assert!(!shown.contains("hunter2") && !shown.contains(&bytes[1..20]), "{shown}");
+        assert!(!shown.contains("hunter2") && !shown.contains("old-secret"), "{shown}");
+        assert!(!shown.contains(&bytes[1..20]), "{shown}");
         assert!(shown.contains("secure: true"), "{shown}");
     }
 
     #[test]
     fn a_fresh_proof_is_accepted_once() {
-        let auth = PeerAuth::new(Some("s3cret"));
-        let h = headers(&auth.sign("POST", "/peer/v1/sessions/a/turns", b"hi"));
-        assert_eq!(auth.verify("POST", "/peer/v1/sessions/a/turns", &h, b"hi"), Ok(()));
-        assert_eq!(auth.verify("POST", "/peer/v1/sessions/a/turns", &h, b"hi"), Err(AuthError::Replayed));
+        let auth = PeerAuth::new(Some("s3cret"), None);
+        let h = signed(&auth, &turn_headers(), "node-b", b"hi");
+        assert_eq!(auth.verify(&request(&h, "node-b", b"hi")), Ok(()));
+        assert_eq!(auth.verify(&request(&h, "node-b", b"hi")), Err(AuthError::Replayed));
     }
 
     #[test]
     fn anything_else_is_rejected() {
-        let auth = PeerAuth::new(Some("s3cret"));
-        let other = PeerAuth::new(Some("other"));
-        let path = "/peer/v1/sessions/a/turns";
+        let auth = PeerAuth::new(Some("s3cret"), None);
+        let other = PeerAuth::new(Some("other"), None);
+        let empty = HeaderMap::new();
+        assert_eq!(auth.verify(&request(&empty, "node-b", b"")), Err(AuthError::Missing(TIMESTAMP_HEADER)));
+        let h = signed(&other, &turn_headers(), "node-b", b"hi");
+        assert_eq!(auth.verify(&request(&h, "node-b", b"hi")), Err(AuthError::BadSignature), "wrong secret");
+        let h = signed(&auth, &turn_headers(), "node-b", b"hi");
+        assert_eq!(auth.verify(&request(&h, "node-b", b"tampered")), Err(AuthError::BadSignature), "body");
+        let other_path = Signed { path: "/peer/v1/sessions/b/turns", ..request(&h, "node-b", b"hi") };
+        assert_eq!(auth.verify(&other_path), Err(AuthError::BadSignature), "path");
+        let other_method = Signed { method: "GET", ..request(&h, "node-b", b"hi") };
+        assert_eq!(auth.verify(&other_method), Err(AuthError::BadSignature), "method");
+        let old = {
+            let mut sent = turn_headers();
+            sent.extend(auth.sign_at(&request(&turn_headers(), "node-b", b"hi"), &[], now_ms() - 60_000));
+            sent
+        };
+        assert_eq!(auth.verify(&request(&old, "node-b", b"hi")), Err(AuthError::Stale));
+    }
+
+    #[test]
+    fn a_captured_request_cannot_be_replayed_to_another_pod_or_with_other_headers() {
+        let auth = PeerAuth::new(Some("s3cret"), None);
+        let h = signed(&auth, &turn_headers(), "node-b", b"hi");
+        assert_eq!(auth.verify(&request(&h, "node-c", b"hi")), Err(AuthError::BadSignature), "destination");
+        for (name, value) in [
+            (crate::headers::TURN_ID, "99999999-2222-3333-4444-555555555555"),
+            (http::header::CONTENT_TYPE, "text/plain"),
+        ] {
+            let mut altered = h.clone();
+            altered.insert(name.clone(), HeaderValue::from_static(value));
+            assert_eq!(
+                auth.verify(&request(&altered, "node-b", b"hi")),
+                Err(AuthError::BadSignature),
+                "{name}"
+            );
+        }
+        let mut narrowed = h.clone();
+        narrowed.insert(SIGNED_HEADERS_NAME, HeaderValue::from_static("content-type"));
         assert_eq!(
-            auth.verify("POST", path, &HeaderMap::new(), b""),
-            Err(AuthError::Missing(TIMESTAMP_HEADER))
+            auth.verify(&request(&narrowed, "node-b", b"hi")),
+            Err(AuthError::Uncovered("leasehold-turn-id")),
+            "a proof must cover the turn id"
         );
-        let h = headers(&other.sign("POST", path, b"hi"));
-        assert_eq!(auth.verify("POST", path, &h, b"hi"), Err(AuthError::BadSignature), "wrong secret");
-        let h = headers(&auth.sign("POST", path, b"hi"));
-        assert_eq!(auth.verify("POST", path, &h, b"tampered"), Err(AuthError::BadSignature), "body");
-        assert_eq!(auth.verify("POST", "/peer/v1/sessions/b/turns", &h, b"hi"), Err(AuthError::BadSignature));
-        assert_eq!(auth.verify("GET", path, &h, b"hi"), Err(AuthError::BadSignature), "method");
-        let old = headers(&auth.sign_at("POST", path, b"hi", now_ms() - 60_000));
-        assert_eq!(auth.verify("POST", path, &old, b"hi"), Err(AuthError::Stale));
+    }
+
+    #[test]
+    fn extra_headers_are_covered_when_signed() {
+        let auth = PeerAuth::new(Some("s3cret"), None);
+        let mut h = turn_headers();
+        h.insert(http::header::AUTHORIZATION, HeaderValue::from_static("Bearer a"));
+        let proof = auth.sign(&request(&h, "node-b", b""), &[http::header::AUTHORIZATION]);
+        h.extend(proof);
+        let mut altered = h.clone();
+        altered.insert(http::header::AUTHORIZATION, HeaderValue::from_static("Bearer b"));
+        assert_eq!(auth.verify(&request(&altered, "node-b", b"")), Err(AuthError::BadSignature));
+        assert_eq!(auth.verify(&request(&h, "node-b", b"")), Ok(()));
+    }
+
+    #[test]
+    fn during_a_rotation_both_secrets_verify_and_the_current_one_signs() {
+        let old = PeerAuth::new(Some("old"), None);
+        let rotating = PeerAuth::new(Some("new"), Some("old"));
+        let new = PeerAuth::new(Some("new"), None);
+        let from_old = signed(&old, &turn_headers(), "node-b", b"");
+        assert_eq!(rotating.verify(&request(&from_old, "node-b", b"")), Ok(()), "old pods' proofs");
+        let from_rotating = signed(&rotating, &turn_headers(), "node-b", b"");
+        assert_eq!(new.verify(&request(&from_rotating, "node-b", b"")), Ok(()), "signed with the current");
+        let from_rotating = signed(&rotating, &turn_headers(), "node-b", b"");
+        assert_eq!(old.verify(&request(&from_rotating, "node-b", b"")), Err(AuthError::BadSignature));
     }
 
     #[test]
     fn insecure_mode_signs_nothing_and_accepts_all() {
-        let auth = PeerAuth::new(None);
-        assert!(auth.sign("POST", "/x", b"").is_empty());
-        assert_eq!(auth.verify("POST", "/x", &HeaderMap::new(), b""), Ok(()));
+        let auth = PeerAuth::new(None, None);
+        let empty = HeaderMap::new();
+        assert!(auth.sign(&request(&empty, "x", b""), &[]).is_empty());
+        assert_eq!(auth.verify(&request(&empty, "x", b"")), Ok(()));
     }
 }

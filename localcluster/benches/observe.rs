@@ -281,7 +281,7 @@ async fn drain(db: &str) {
         let keys: Vec<String> = (0..n).map(|i| format!("d{n}-{i}")).collect();
         claim_all(&cluster, &keys).await;
         let started = Instant::now();
-        let report = cluster.nodes[0].drain(false).await;
+        let report = cluster.nodes[0].drain().await;
         let wall = started.elapsed();
         assert_eq!(report["handed_back"], n);
         // The statement alone, and the per-lease baseline, on a boot of our own.

@@ -38,7 +38,8 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
-fn binary(name: &str) -> PathBuf {
+/// A binary of the workspace (or of `$LEASEHOLD_BIN_DIR`).
+pub fn binary(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
     assert!(path.exists(), "{} is missing: run `cargo build --workspace --bins` first", path.display());
     path
@@ -96,6 +97,8 @@ pub struct Node {
     sidecar_cmd: Vec<String>,
     agent_cmd: AgentCommand,
     log_dir: PathBuf,
+    /// What admin requests are signed with (`None`: the node runs `--insecure-peer`).
+    cluster_secret: Option<String>,
 }
 
 /// How a node's agent is started: program, arguments, environment.
@@ -204,14 +207,33 @@ impl Node {
         }
     }
 
-    /// `POST /drain` on the admin port (`GET` when `get`: the kubelet hook's way); the report.
-    pub async fn drain(&self, get: bool) -> serde_json::Value {
-        let http = reqwest::Client::new();
-        let url = format!("{}/drain", self.admin_url());
-        let request = if get { http.get(url) } else { http.post(url) };
-        let response = request.send().await.expect("admin port reachable");
-        assert!(response.status().is_success(), "drain of {} failed: {}", self.name, response.status());
-        response.json().await.expect("drain report is JSON")
+    /// Drain the node the way hooks and people do, with `leasehold-sidecar drain` (a
+    /// real process, signing with the cluster secret); the report it printed.
+    pub async fn drain(&self) -> serde_json::Value {
+        let secret = self.cluster_secret.clone().unwrap_or_else(|| "insecure".to_owned());
+        let output = tokio::process::Command::new(binary("leasehold-sidecar"))
+            .args(["drain", "--admin-url", &self.admin_url(), "--cluster-secret", &secret])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("run leasehold-sidecar drain");
+        assert!(
+            output.status.success(),
+            "drain of {} failed: {:?} {}",
+            self.name,
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("the drain command prints the JSON report")
+    }
+
+    /// `GET /drained`: what an agent container's preStop hook does, waiting for the drain
+    /// someone else runs. Its status and body.
+    pub async fn drained(&self) -> (u16, serde_json::Value) {
+        let response =
+            reqwest::get(format!("{}/drained", self.admin_url())).await.expect("admin port reachable");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or_default())
     }
 
     /// A Prometheus counter or gauge from `/metrics` (sum over label sets matching `filter`).
@@ -322,6 +344,7 @@ impl Cluster {
             sidecar_cmd: args,
             agent_cmd,
             log_dir: log_dir.to_owned(),
+            cluster_secret: options.cluster_secret.clone(),
         }
     }
 

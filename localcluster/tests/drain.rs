@@ -78,7 +78,7 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let in_flight_before = cluster.nodes[0].metric("leasehold_in_flight_turns", "").await;
     let drained_at = Instant::now();
-    let report = cluster.nodes[0].drain(false).await;
+    let report = cluster.nodes[0].drain().await;
     let drain_took = drained_at.elapsed();
     assert!(report["handed_back"].as_u64().unwrap() >= 1, "{report}");
     assert_eq!(report["in_flight_stood_down"], 0, "every in-flight turn finished: {report}");
@@ -89,9 +89,8 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
     observer.until(Duration::from_secs(5), |f| f.event.as_deref() == Some("reconnect")).await.unwrap();
     let ready = reqwest::get(format!("{}/readyz", cluster.nodes[0].admin_url())).await.unwrap();
     assert_eq!(ready.status(), 503);
-    let leases: Vec<serde_json::Value> =
-        reqwest::get(format!("{}/leases", cluster.nodes[0].admin_url())).await.unwrap().json().await.unwrap();
-    assert!(leases.is_empty(), "nothing held after the hand-back: {leases:?}");
+    let held = cluster.nodes[0].metric("leasehold_leases_held", "").await;
+    assert_eq!(held, 0.0, "nothing held after the hand-back");
 
     let mut logs = HashMap::new();
     for (key, driver) in keys.iter().zip(drivers) {
@@ -163,11 +162,12 @@ async fn sigterm_drains_first_then_lingers_and_exits() {
     // A drain first, then SIGTERM: exits within a second (refusing until then) once the
     // ports have been quiet for `EXIT_QUIET`.
     client.post("/v1/sessions/t-3/turns", json!({"text": "x"}).to_string().into(), Some(1)).await.unwrap();
-    let report = cluster.nodes[1].drain(false).await;
+    let report = cluster.nodes[1].drain().await;
     assert_eq!(report["handed_back"], 1);
-    // The kubelet's preStop hook can only GET: the same idempotent drain.
-    let again = cluster.nodes[1].drain(true).await;
+    // The drain is idempotent, and an agent container's hook (GET /drained) gets its report.
+    let again = cluster.nodes[1].drain().await;
     assert_eq!(again, report, "drain is idempotent");
+    assert_eq!(cluster.nodes[1].drained().await, (200, report.clone()), "the hook's wait ends with it");
     tokio::time::sleep(EXIT_QUIET).await;
     let started = Instant::now();
     cluster.nodes[1].sidecar.signal(Signal::SIGTERM);
@@ -179,7 +179,7 @@ async fn sigterm_drains_first_then_lingers_and_exits() {
     // told): every send is answered `draining` — none meets a connection closed under
     // it — and the node exits only once they have stopped.
     client.post("/v1/sessions/t-4/turns", json!({"text": "x"}).to_string().into(), Some(2)).await.unwrap();
-    cluster.nodes[2].drain(false).await;
+    cluster.nodes[2].drain().await;
     cluster.nodes[2].sidecar.signal(Signal::SIGTERM);
     let started = Instant::now();
     let mut last_send = Instant::now();
@@ -319,7 +319,7 @@ async fn a_drained_pod_closes_each_keep_alive_connection_after_its_answer() {
     let (answer, closed) = keep_alive_exchange(node.ip, peer_port, peer).await;
     assert!(answer.starts_with("HTTP/1.1 401") && !closed, "no proof, kept open: {answer}");
 
-    node.drain(false).await;
+    node.drain().await;
     for (port, request, status) in [(public, &turn[..], "503"), (peer_port, peer, "401")] {
         let (answer, closed) = keep_alive_exchange(node.ip, port, request).await;
         assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "port {port}: {answer}");

@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use leasehold_core::proof::PeerAuth;
+use leasehold_core::proof::{PeerAuth, Signed};
 use leasehold_sidecar::client::Client;
 use localcluster::{Cluster, ClusterOptions, Node};
 use rand::Rng;
@@ -60,6 +60,18 @@ async fn turns_sent_anywhere_land_on_one_owner_in_order() {
     assert!(forwarded > 0.0, "some turns entered on a non-owner and were forwarded one hop");
 }
 
+/// A proof for `destination` over a request with `headers` and `body`.
+fn proof(
+    auth: &PeerAuth,
+    method: &str,
+    path: &str,
+    destination: &str,
+    headers: &reqwest::header::HeaderMap,
+    body: &[u8],
+) -> Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)> {
+    auth.sign(&Signed { method, path, destination, headers, body }, &[])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_port_admits_only_a_fresh_proof_of_the_secret() {
     let db = support::database().await;
@@ -70,31 +82,100 @@ async fn the_peer_port_admits_only_a_fresh_proof_of_the_secret() {
     let http = reqwest::Client::new();
     let path = "/peer/v1/sessions/peer-test/turns";
     let body = br#"{"text":"via peer"}"#;
-    let send = |headers: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>| {
-        let mut req = http.post(format!("{}{path}", node.peer_url())).body(body.to_vec());
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("leasehold-turn-id", uuid::Uuid::new_v4().to_string().parse().unwrap());
+    let send = |extra: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>,
+                headers: reqwest::header::HeaderMap| {
+        let req = http.post(format!("{}{path}", node.peer_url())).headers(headers).body(body.to_vec());
+        let req = extra.into_iter().fold(req, |req, (k, v)| req.header(k, v));
         async move { req.send().await.unwrap().status().as_u16() }
     };
 
-    assert_eq!(send(vec![]).await, 401, "no proof");
-    assert_eq!(send(PeerAuth::new(Some("wrong-secret")).sign("POST", path, body)).await, 401, "wrong secret");
-    let auth = PeerAuth::new(Some(&secret));
+    let h = headers.clone();
+    assert_eq!(send(vec![], h.clone()).await, 401, "no proof");
+    let wrong = PeerAuth::new(Some("wrong-secret"), None);
+    assert_eq!(send(proof(&wrong, "POST", path, "node-a", &h, body), h.clone()).await, 401, "wrong secret");
+    let auth = PeerAuth::new(Some(&secret), None);
     let stale_ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
         as u64
         - 60_000;
-    assert_eq!(send(auth.sign_at("POST", path, body, stale_ts)).await, 401, "stale proof");
+    let stale = auth.sign_at(
+        &Signed { method: "POST", path, destination: "node-a", headers: &h, body },
+        &[],
+        stale_ts,
+    );
+    assert_eq!(send(stale, h.clone()).await, 401, "stale proof");
+    let other_path = proof(&auth, "POST", "/peer/v1/sessions/other/turns", "node-a", &h, body);
+    assert_eq!(send(other_path, h.clone()).await, 401, "proof for another path");
+    let other_node = proof(&auth, "POST", path, "node-b", &h, body);
+    assert_eq!(send(other_node, h.clone()).await, 401, "proof made for another pod (a replay there)");
+    let mut other_turn = h.clone();
+    other_turn.insert("leasehold-turn-id", uuid::Uuid::new_v4().to_string().parse().unwrap());
     assert_eq!(
-        send(auth.sign("POST", "/peer/v1/sessions/other/turns", body)).await,
+        send(proof(&auth, "POST", path, "node-a", &h, body), other_turn).await,
         401,
-        "proof for another path"
+        "another turn id"
     );
 
-    let proof = auth.sign("POST", path, body);
-    assert_eq!(send(proof.clone()).await, 200, "a fresh proof is admitted and the turn runs");
-    assert_eq!(send(proof).await, 401, "the same proof replayed");
+    let good = proof(&auth, "POST", path, "node-a", &h, body);
+    assert_eq!(send(good.clone(), h.clone()).await, 200, "a fresh proof is admitted and the turn runs");
+    assert_eq!(send(good, h).await, 401, "the same proof replayed");
+    assert!(node.metric("leasehold_peer_auth_failures_total", "").await >= 7.0);
+}
+
+/// The admin port: health, readiness and metrics for anyone; the leases held and the
+/// drain only with a fresh proof of the cluster secret made for this node; `GET /drain`
+/// is not a drain; the drain command refuses to drain with a wrong secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_drains_and_lists_leases_only_for_a_proof_of_the_secret() {
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 1, ..ClusterOptions::default() };
+    let secret = options.cluster_secret.clone().unwrap();
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let node = &cluster.nodes[0];
+    cluster.client().turn("listed", &json!({ "text": "x" })).await.unwrap();
+    let http = reqwest::Client::new();
+    let admin = node.admin_url();
+    let none = reqwest::header::HeaderMap::new();
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(http.get(format!("{admin}{open}")).send().await.unwrap().status(), 200, "{open}");
+    }
+    let status =
+        |request: reqwest::RequestBuilder| async move { request.send().await.unwrap().status().as_u16() };
+    assert_eq!(status(http.post(format!("{admin}/drain"))).await, 401, "a drain without proof");
+    assert_eq!(status(http.get(format!("{admin}/drain"))).await, 405, "GET is not a drain");
+    assert_eq!(status(http.get(format!("{admin}/leases"))).await, 401, "leases without proof");
+    let wrong = PeerAuth::new(Some("wrong"), None);
+    let signed = |auth: &PeerAuth, method: &str, path: &str, destination: &str| {
+        let request = match method {
+            "GET" => http.get(format!("{admin}{path}")),
+            _ => http.post(format!("{admin}{path}")),
+        };
+        proof(auth, method, path, destination, &none, b"")
+            .into_iter()
+            .fold(request, |r, (k, v)| r.header(k, v))
+    };
+    assert_eq!(status(signed(&wrong, "POST", "/drain", "node-a")).await, 401, "wrong secret");
+    let auth = PeerAuth::new(Some(&secret), None);
+    assert_eq!(status(signed(&auth, "POST", "/drain", "node-b")).await, 401, "made for another pod");
+    let leases = signed(&auth, "GET", "/leases", "node-a").send().await.unwrap();
+    assert_eq!(leases.status(), 200);
+    let leases: serde_json::Value = leases.json().await.unwrap();
+    assert_eq!(leases[0]["key"], "listed", "{leases}");
+
+    let refused = tokio::process::Command::new(localcluster::cluster::binary("leasehold-sidecar"))
+        .args(["drain", "--admin-url", &admin, "--cluster-secret", "wrong"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success(), "the drain command with a wrong secret must fail");
+    assert_eq!(http.get(format!("{admin}/readyz")).send().await.unwrap().status(), 200, "not drained");
     assert!(node.metric("leasehold_peer_auth_failures_total", "").await >= 5.0);
+
+    let report = node.drain().await;
+    assert_eq!(report["handed_back"], 1, "{report}");
+    assert_eq!(http.get(format!("{admin}/readyz")).send().await.unwrap().status(), 503, "drained");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,9 +8,9 @@ use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
         core::v1::{
-            Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle, LifecycleHandler,
-            ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector, SecurityContext,
-            Service, ServicePort, ServiceSpec,
+            Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle,
+            LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector,
+            SecurityContext, Service, ServicePort, ServiceSpec,
         },
         networking::v1::{
             NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -36,6 +36,8 @@ pub const TEMPLATE_HASH: &str = "leasehold.dev/template-hash";
 /// after it (at most 5.5 s, `leasehold_sidecar::drain::linger`, or until clients stop
 /// sending, at most 8 s, `EXIT_QUIET_WAIT_MAX`) and process exit.
 pub const GRACE_MARGIN_SECS: i64 = 10;
+/// Where the sidecar image has its binary (the images' entrypoint).
+pub const SIDECAR_BINARY: &str = "/usr/local/bin/leasehold-sidecar";
 
 /// Labels of all children of `ac`.
 pub fn labels(ac: &AgentCluster) -> BTreeMap<String, String> {
@@ -59,7 +61,7 @@ pub fn cluster_secret_name(ac: &AgentCluster) -> String {
         .map_or_else(|| format!("{}-cluster-secret", ac.name_any()), |s| s.secret_name.clone())
 }
 
-fn cluster_secret_key(ac: &AgentCluster) -> String {
+pub fn cluster_secret_key(ac: &AgentCluster) -> String {
     ac.spec.cluster_secret.as_ref().map_or_else(|| CLUSTER_SECRET_KEY.to_owned(), |s| s.key.clone())
 }
 
@@ -117,16 +119,27 @@ fn admin_get(path: &str) -> HTTPGetAction {
 /// Every container carries it, so the agent's SIGTERM also waits for the drain. The
 /// port is a number: the kubelet resolves a named port only among the ports of the
 /// container the hook belongs to, and only the sidecar declares `admin`.
-fn drain_hook() -> Lifecycle {
-    let drain = HTTPGetAction {
-        path: Some("/drain".to_owned()),
+/// The sidecar container's preStop hook: drain this pod, signed with the cluster secret
+/// from the container's environment (the operator drains it first when it sees the pod
+/// terminating; this is the backstop).
+fn sidecar_drain_hook() -> Lifecycle {
+    let drain = ExecAction { command: Some(vec![SIDECAR_BINARY.to_owned(), "drain".to_owned()]) };
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler { exec: Some(drain), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// An agent container's preStop hook: wait until the sidecar has been drained (by the
+/// operator or the sidecar's own hook), so the agent gets SIGTERM only once its sessions
+/// are handed back. `GET /drained` starts nothing, so the kubelet needs no proof.
+fn agent_drained_hook() -> LifecycleHandler {
+    let drained = HTTPGetAction {
+        path: Some("/drained".to_owned()),
         port: IntOrString::Int(ADMIN_PORT),
         ..Default::default()
     };
-    Lifecycle {
-        pre_stop: Some(LifecycleHandler { http_get: Some(drain), ..Default::default() }),
-        ..Default::default()
-    }
+    LifecycleHandler { http_get: Some(drained), ..Default::default() }
 }
 
 fn port(name: &str, port: i32) -> ContainerPort {
@@ -169,7 +182,7 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
             period_seconds: Some(10),
             ..Default::default()
         }),
-        lifecycle: Some(drain_hook()),
+        lifecycle: Some(sidecar_drain_hook()),
         resources: s.resources.clone(),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
@@ -211,7 +224,7 @@ pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str) -> Deployme
         .insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
     let mut pod: PodSpec = template.spec.take().unwrap_or_default();
     for container in &mut pod.containers {
-        container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = drain_hook().pre_stop;
+        container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = Some(agent_drained_hook());
     }
     pod.containers.push(sidecar(ac, image));
     let needed = i64::try_from(timings.drain_timeout.as_secs()).unwrap_or(i64::MAX) + GRACE_MARGIN_SECS;
@@ -275,8 +288,48 @@ fn tcp(port: i32) -> NetworkPolicyPort {
 
 /// The peer port admits only this cluster's pods; public and admin ports stay open to
 /// clients, the operator and Prometheus; everything else (the agent's own port) is closed.
-pub fn network_policy(ac: &AgentCluster) -> NetworkPolicy {
+/// Who may reach a cluster's admin port besides the kubelet (probes and hooks come from
+/// the node): the operator's pods, and a monitoring stack when one is configured.
+#[derive(Debug, Clone, Default)]
+pub struct AdminCallers {
+    /// The operator's namespace; its pods carry [`OPERATOR_ROLE_LABEL`].
+    pub operator_namespace: String,
+    /// Namespaces of the monitoring stack (`None`: any namespace).
+    pub monitoring_namespaces: Option<BTreeMap<String, String>>,
+    /// Pods of the monitoring stack (`None`: no monitoring rule unless namespaces are set).
+    pub monitoring_pods: Option<BTreeMap<String, String>>,
+}
+
+/// The label the chart puts on the operator's pods, for the admin port's NetworkPolicy.
+pub const OPERATOR_ROLE_LABEL: (&str, &str) = ("leasehold.dev/role", "operator");
+
+fn namespace_named(name: &str) -> LabelSelector {
+    let labels = BTreeMap::from([("kubernetes.io/metadata.name".to_owned(), name.to_owned())]);
+    LabelSelector { match_labels: Some(labels), ..Default::default() }
+}
+
+fn matching(labels: &BTreeMap<String, String>) -> LabelSelector {
+    LabelSelector { match_labels: Some(labels.clone()), ..Default::default() }
+}
+
+/// Ingress: the public port from anywhere; the peer port from this cluster's pods; the
+/// admin port (drain, leases, metrics) from the operator and the monitoring stack only.
+pub fn network_policy(ac: &AgentCluster, admin: &AdminCallers) -> NetworkPolicy {
     let this_cluster = LabelSelector { match_labels: Some(selector(ac)), ..Default::default() };
+    let operator_pods =
+        BTreeMap::from([(OPERATOR_ROLE_LABEL.0.to_owned(), OPERATOR_ROLE_LABEL.1.to_owned())]);
+    let mut admin_from = vec![NetworkPolicyPeer {
+        namespace_selector: Some(namespace_named(&admin.operator_namespace)),
+        pod_selector: Some(matching(&operator_pods)),
+        ..Default::default()
+    }];
+    if admin.monitoring_namespaces.is_some() || admin.monitoring_pods.is_some() {
+        admin_from.push(NetworkPolicyPeer {
+            namespace_selector: Some(admin.monitoring_namespaces.as_ref().map(matching).unwrap_or_default()),
+            pod_selector: admin.monitoring_pods.as_ref().map(matching),
+            ..Default::default()
+        });
+    }
     NetworkPolicy {
         metadata: meta(ac, ac.name_any()),
         spec: Some(NetworkPolicySpec {
@@ -290,7 +343,8 @@ pub fn network_policy(ac: &AgentCluster) -> NetworkPolicy {
                     }]),
                     ports: Some(vec![tcp(PEER_PORT)]),
                 },
-                NetworkPolicyIngressRule { from: None, ports: Some(vec![tcp(PUBLIC_PORT), tcp(ADMIN_PORT)]) },
+                NetworkPolicyIngressRule { from: Some(admin_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
+                NetworkPolicyIngressRule { from: None, ports: Some(vec![tcp(PUBLIC_PORT)]) },
             ]),
             ..Default::default()
         }),

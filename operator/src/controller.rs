@@ -44,6 +44,8 @@ const ERROR_REQUEUE: Duration = Duration::from_secs(5);
 pub struct Context {
     pub client: Client,
     pub sidecar_image: String,
+    /// Who the admin ports' NetworkPolicy admits besides the kubelet.
+    pub admin_callers: build::AdminCallers,
     pub metrics: Arc<Metrics>,
     pub stores: Stores,
     pub recorder: Recorder,
@@ -113,7 +115,7 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
         apply(&ctx.api::<Deployment>(&ns), &build::deployment(ac, &timings, &ctx.sidecar_image)).await?;
     apply(&ctx.api::<Service>(&ns), &build::service(ac)).await?;
     apply(&ctx.api::<PodDisruptionBudget>(&ns), &build::pod_disruption_budget(ac)).await?;
-    apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac)).await?;
+    apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac, &ctx.admin_callers)).await?;
 
     let pods = cluster_pods(ctx, &ns, ac).await?;
     let (leases, degraded) = match lease_counts(ctx, &ns, ac, &pods).await {
@@ -243,13 +245,22 @@ async fn ensure_cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Re
     }
 }
 
+/// One value of a Secret, as text.
+async fn secret_value(ctx: &Context, ns: &str, name: &str, key: &str) -> Result<String> {
+    let secret = ctx.api::<Secret>(ns).get_opt(name).await.map_err(kube("get secret"))?;
+    let missing = || Error::SecretValue(name.to_owned(), key.to_owned());
+    let value = secret.and_then(|s| s.data).and_then(|d| d.get(key).cloned()).ok_or_else(missing)?;
+    String::from_utf8(value.0).map_err(|_| missing())
+}
+
 /// The Postgres URL from the cluster's database Secret.
 pub async fn database_url(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<String> {
-    let db = &ac.spec.database;
-    let secret = ctx.api::<Secret>(ns).get_opt(&db.secret_name).await.map_err(kube("get database secret"))?;
-    let missing = || Error::DatabaseSecret(db.secret_name.clone(), db.key.clone());
-    let value = secret.and_then(|s| s.data).and_then(|d| d.get(&db.key).cloned()).ok_or_else(missing)?;
-    String::from_utf8(value.0).map_err(|_| missing())
+    secret_value(ctx, ns, &ac.spec.database.secret_name, &ac.spec.database.key).await
+}
+
+/// The cluster secret the cluster's sidecars share: the operator signs its drains with it.
+pub async fn cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<String> {
+    secret_value(ctx, ns, &build::cluster_secret_name(ac), &build::cluster_secret_key(ac)).await
 }
 
 pub async fn cluster_pods(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<Vec<Pod>> {

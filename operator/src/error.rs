@@ -12,8 +12,8 @@ pub enum Error {
     Store(#[from] leasehold_core::store::Error),
     #[error("object has no namespace")]
     NotNamespaced,
-    #[error("database secret {0} has no usable key {1}")]
-    DatabaseSecret(String, String),
+    #[error("secret {0} has no usable key {1}")]
+    SecretValue(String, String),
     #[error("drain of pod {pod} failed")]
     Drain {
         pod: String,
@@ -31,7 +31,7 @@ impl Error {
             Error::Kube { .. } => "kube",
             Error::Store(_) => "store",
             Error::NotNamespaced => "not_namespaced",
-            Error::DatabaseSecret(..) => "database_secret",
+            Error::SecretValue(..) => "secret_value",
             Error::Drain { .. } => "drain",
         }
     }

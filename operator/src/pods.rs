@@ -14,11 +14,12 @@ use kube::{
     runtime::{events::EventType, watcher, WatchStreamExt},
     Api, ResourceExt,
 };
+use leasehold_core::proof::{PeerAuth, Signed};
 use leasehold_crds::AgentCluster;
 
 use crate::{
     build::CLUSTER_LABEL,
-    controller::{database_url, Context},
+    controller::{cluster_secret, database_url, Context},
     error::{kube, Result},
     validate::ADMIN_PORT,
 };
@@ -71,13 +72,21 @@ fn cluster_of(pod: &Pod) -> Option<(String, String)> {
     Some((pod.namespace()?, pod.labels().get(CLUSTER_LABEL)?.clone()))
 }
 
-async fn drain(ctx: &Context, pod: &Pod, url: &str) -> Result<serde_json::Value> {
-    let response = ctx.http.post(url).timeout(DRAIN_CALL_TIMEOUT).send().await;
-    let report = match response {
-        Ok(r) => r.json::<serde_json::Value>().await,
-        Err(e) => Err(e),
+/// Drain `pod` through its admin port, signed with the cluster secret for that pod (its
+/// node id is its name).
+async fn drain(ctx: &Context, pod: &Pod, ac: &AgentCluster, url: &str) -> Result<serde_json::Value> {
+    let ns = pod.namespace().unwrap_or_default();
+    let secret = cluster_secret(ctx, &ns, ac).await?;
+    let auth = PeerAuth::new(Some(&secret), None);
+    let name = pod.name_any();
+    let none = http::HeaderMap::new();
+    let signed = Signed { method: "POST", path: "/drain", destination: &name, headers: &none, body: b"" };
+    let request = auth.sign(&signed, &[]).into_iter().fold(ctx.http.post(url), |r, (k, v)| r.header(k, v));
+    let report = async {
+        let response = request.timeout(DRAIN_CALL_TIMEOUT).send().await?.error_for_status()?;
+        response.json::<serde_json::Value>().await
     };
-    report.map_err(|source| crate::error::Error::Drain { pod: pod.name_any(), source })
+    report.await.map_err(|source| crate::error::Error::Drain { pod: name, source })
 }
 
 async fn revoke(ctx: &Context, pod: &Pod, ac: &AgentCluster) -> Result<u64> {
@@ -103,7 +112,7 @@ pub async fn handle(ctx: &Context, pod: &Pod, gone: bool, seen: &Seen) {
     };
     for action in actions {
         match action {
-            PodAction::Drain { url } => match drain(ctx, pod, &url).await {
+            PodAction::Drain { url } => match drain(ctx, pod, &ac, &url).await {
                 Ok(report) => {
                     ctx.metrics.drain("ok");
                     let note = format!("drained pod {} before shutdown: {report}", pod.name_any());

@@ -62,6 +62,11 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         sidecar_image: args.sidecar_image.clone(),
+        admin_callers: crate::build::AdminCallers {
+            operator_namespace: args.leader_namespace.clone(),
+            monitoring_namespaces: args.monitoring_namespace_labels.clone(),
+            monitoring_pods: args.monitoring_pod_labels.clone(),
+        },
         metrics,
         stores: Stores::default(),
         recorder: Recorder::new(

@@ -60,16 +60,14 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     assert!(after_drain.as_secs_f64() < build::GRACE_MARGIN_SECS as f64, "{after_drain:?}");
     let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", SIDECAR_CONTAINER]);
-    for c in &pod.containers {
-        let hook = c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap().http_get.as_ref().unwrap();
-        assert_eq!(
-            (hook.path.as_deref(), &hook.port),
-            (Some("/drain"), &IntOrString::Int(9090)),
-            "{}",
-            c.name
-        );
-    }
+    // The agent waits for the drain (GET /drained starts nothing); the sidecar drains
+    // itself with the signed drain command.
+    let pre_stop = |c: &k8s_openapi::api::core::v1::Container| c.lifecycle.clone().unwrap().pre_stop.unwrap();
+    let hook = pre_stop(&pod.containers[0]).http_get.unwrap();
+    assert_eq!((hook.path.as_deref(), &hook.port), (Some("/drained"), &IntOrString::Int(9090)));
     let sidecar = &pod.containers[1];
+    let command = pre_stop(sidecar).exec.unwrap().command.unwrap();
+    assert_eq!(command, [build::SIDECAR_BINARY, "drain"]);
     assert_eq!(sidecar.image.as_deref(), Some("leasehold/sidecar:9.9"), "the spec's image wins");
     assert_eq!(env(sidecar, "LEASEHOLD_AGENT_URL").value.as_deref(), Some("http://127.0.0.1:3000"));
     assert_eq!(env(sidecar, "LEASEHOLD_LEASE_TTL").value.as_deref(), Some("15s"));
@@ -158,7 +156,8 @@ fn service_pdb_and_network_policy() {
     let pdb = build::pod_disruption_budget(&ac).spec.unwrap();
     assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
 
-    let np = build::network_policy(&ac).spec.unwrap();
+    let callers = build::AdminCallers { operator_namespace: "leasehold-system".into(), ..Default::default() };
+    let np = build::network_policy(&ac, &callers).spec.unwrap();
     let rules = np.ingress.unwrap();
     let peer = rules
         .iter()
@@ -173,9 +172,38 @@ fn service_pdb_and_network_policy() {
     let open_ports: Vec<_> = open.iter().map(|p| p.port.clone().unwrap()).collect();
     assert_eq!(
         open_ports,
-        [IntOrString::Int(8080), IntOrString::Int(9090)],
-        "public and admin only; the agent port is closed"
+        [IntOrString::Int(8080)],
+        "only the public port is open; the agent port is closed"
     );
+    let admin_from = |np: k8s_openapi::api::networking::v1::NetworkPolicySpec| {
+        let rules = np.ingress.unwrap();
+        let admin = rules
+            .iter()
+            .find(|r| r.ports.as_ref().unwrap().iter().any(|p| p.port == Some(IntOrString::Int(9090))))
+            .expect("an admin rule");
+        admin.from.clone().expect("the admin port is restricted")
+    };
+    let from = admin_from(build::network_policy(&ac, &callers).spec.unwrap());
+    assert_eq!(from.len(), 1, "only the operator without a monitoring selector");
+    let ns = from[0].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+    assert_eq!(ns.get("kubernetes.io/metadata.name").map(String::as_str), Some("leasehold-system"));
+    let pods = from[0].pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+    assert_eq!(
+        pods.get(build::OPERATOR_ROLE_LABEL.0).map(String::as_str),
+        Some(build::OPERATOR_ROLE_LABEL.1)
+    );
+
+    let monitoring = build::AdminCallers {
+        monitoring_namespaces: Some([("team".to_owned(), "observability".to_owned())].into()),
+        monitoring_pods: Some([("app".to_owned(), "prometheus".to_owned())].into()),
+        ..callers
+    };
+    let from = admin_from(build::network_policy(&ac, &monitoring).spec.unwrap());
+    assert_eq!(from.len(), 2, "the operator and the monitoring stack");
+    let prometheus = from[1].pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+    assert_eq!(prometheus.get("app").map(String::as_str), Some("prometheus"));
+    let ns = from[1].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+    assert_eq!(ns.get("team").map(String::as_str), Some("observability"));
 }
 
 #[test]

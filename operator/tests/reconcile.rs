@@ -1,8 +1,8 @@
 //! The apply/status path and the pod watcher against a mocked API server
-//! (`tower_test::mock::pair`), with the lease store on a real Postgres.
+//! (`tower_test::mock::pair`), with the lease store on a real Postgres and, for the drain,
+//! a real sidecar.
 
 use std::{
-    net::Ipv4Addr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -26,6 +26,7 @@ use leasehold_operator::{
     pods::{self, Seen},
     stores::Stores,
 };
+use localcluster::{Cluster as LocalCluster, ClusterOptions, Link};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
@@ -51,7 +52,8 @@ struct FakeApi {
     cluster: Value,
     database_url: String,
     pods: Vec<Value>,
-    cluster_secret_exists: bool,
+    /// The generated cluster secret's value, when it exists.
+    cluster_secret: Option<String>,
 }
 
 fn respond(status: u16, body: &Value) -> Response<Body> {
@@ -67,16 +69,18 @@ impl FakeApi {
         let path = call.path.split('?').next().unwrap_or_default();
         let method = call.method.as_str();
         match (method, path) {
-            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => {
-                if self.cluster_secret_exists {
+            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => match &self.cluster_secret {
+                Some(secret) => {
+                    use base64::Engine;
+                    let value = base64::engine::general_purpose::STANDARD.encode(secret);
+                    let data = json!({ leasehold_crds::CLUSTER_SECRET_KEY: value });
                     (
                         200,
-                        json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"}}),
+                        json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"},"data": data}),
                     )
-                } else {
-                    (404, not_found())
                 }
-            }
+                None => (404, not_found()),
+            },
             ("POST", p) if p.ends_with("/secrets") => (201, call.body.clone()),
             ("GET", p) if p.ends_with("/secrets/chat-db") => {
                 use base64::Engine;
@@ -179,6 +183,10 @@ fn context(fake: &FakeApi) -> Arc<Context> {
     Arc::new(Context {
         client: client.clone(),
         sidecar_image: "leasehold/sidecar:test".into(),
+        admin_callers: leasehold_operator::build::AdminCallers {
+            operator_namespace: "leasehold-system".into(),
+            ..Default::default()
+        },
         metrics: Arc::new(Metrics::default()),
         stores: Stores::default(),
         recorder: Recorder::new(client, Reporter { controller: "leasehold-operator".into(), instance: None }),
@@ -202,7 +210,7 @@ fn fake(database_url: &str, pods: Vec<Value>) -> FakeApi {
         cluster: fixture("basic.yaml"),
         database_url: database_url.to_owned(),
         pods,
-        cluster_secret_exists: false,
+        cluster_secret: None,
     }
 }
 
@@ -267,7 +275,7 @@ async fn a_spec_change_rolls_the_deployment() {
     let mut second = fake(&db, vec![]);
     second.cluster["spec"]["template"]["spec"]["containers"][0]["env"] =
         json!([{"name":"MODEL","value":"next"}]);
-    second.cluster_secret_exists = true;
+    second.cluster_secret = Some("s".into());
     reconcile(Arc::new(serde_json::from_value(second.cluster.clone()).unwrap()), context(&second))
         .await
         .unwrap();
@@ -305,40 +313,50 @@ async fn an_invalid_spec_is_degraded_and_touches_no_child() {
     assert!(calls.iter().any(|c| c.method == "POST" && c.path.contains("/events")), "a Warning event");
 }
 
-#[tokio::test]
+/// The operator drains a terminating pod through a real sidecar's admin port, signing
+/// the drain with the cluster secret for that pod; with another secret the sidecar
+/// refuses it and the operator records `DrainFailed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminating_pod_is_drained_through_its_admin_port() {
     let db = database().await;
-    // The pod's sidecar: an admin port on a loopback address of its own.
-    let ip = Ipv4Addr::new(127, 88, (std::process::id() % 200) as u8, 9);
-    let drained = Arc::new(Mutex::new(Vec::new()));
-    let app = axum::Router::new().route(
-        "/drain",
-        axum::routing::post({
-            let drained = drained.clone();
-            move || async move {
-                drained.lock().unwrap().push("POST /drain");
-                axum::Json(json!({"handed_back":4,"in_flight_finished":1,"in_flight_stood_down":0}))
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind((ip, 9090)).await.unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let fake = fake(&db, vec![]);
-    let ctx = context(&fake);
+    let options = ClusterOptions { nodes: 1, ..ClusterOptions::default() };
+    let secret = options.cluster_secret.clone().unwrap();
+    let cluster = LocalCluster::start(&db, options).await.unwrap();
+    let node = &cluster.nodes[0];
+    cluster.client().turn("held", &json!({ "text": "x" })).await.unwrap();
+    // The pod's IP: the sidecar's admin port, reached on the port the operator uses.
+    let pod_ip = localcluster::cluster::next_ip();
+    let admin = std::net::SocketAddr::from((node.ip, localcluster::cluster::ADMIN_PORT));
+    let _link = Link::start((pod_ip, 9090).into(), admin).await.unwrap();
     let terminating: Pod = serde_json::from_value(pod(
-        "chat-0",
-        json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {"podIP": ip.to_string()}}),
+        &node.name,
+        json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {"podIP": pod_ip.to_string()}}),
     ))
     .unwrap();
-    let seen = Seen::default();
-    pods::handle(&ctx, &terminating, false, &seen).await;
-    pods::handle(&ctx, &terminating, false, &seen).await; // the same pod again: drained once
-    assert_eq!(*drained.lock().unwrap(), ["POST /drain"]);
-    assert!(fake
+    let readyz = format!("{}/readyz", node.admin_url());
+
+    let mut wrong = fake(&db, vec![]);
+    wrong.cluster_secret = Some("another-secret".into());
+    pods::handle(&context(&wrong), &terminating, false, &Seen::default()).await;
+    assert!(wrong
         .calls()
         .iter()
-        .any(|c| c.path.contains("/events") && c.body.to_string().contains("Drained")));
+        .any(|c| c.path.contains("/events") && c.body.to_string().contains("DrainFailed")));
+    assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 200, "a drain with another secret is refused");
+
+    let mut right = fake(&db, vec![]);
+    right.cluster_secret = Some(secret);
+    let (ctx, seen) = (context(&right), Seen::default());
+    pods::handle(&ctx, &terminating, false, &seen).await;
+    pods::handle(&ctx, &terminating, false, &seen).await; // the same pod again: drained once
+    assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 503, "drained");
+    let drained: Vec<_> = right
+        .calls()
+        .into_iter()
+        .filter(|c| c.path.contains("/events") && c.body.to_string().contains("Drained"))
+        .collect();
+    assert_eq!(drained.len(), 1, "one Drained event");
+    assert!(drained[0].body.to_string().contains(r#"\"handed_back\":1"#), "{}", drained[0].body);
 }
 
 #[tokio::test]

@@ -32,13 +32,27 @@ pub struct Cli {
 pub enum Command {
     /// Apply the database migrations and exit (safe to run concurrently and repeatedly).
     Migrate(MigrateArgs),
+    /// Drain a sidecar through its admin port, print the drain's answer, exit 0 when it
+    /// succeeded (what preStop hooks and people run).
+    Drain(DrainArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The sidecar's admin port.
+    #[arg(long, env = "LEASEHOLD_ADMIN_URL", default_value = "http://127.0.0.1:9090")]
+    pub admin_url: String,
+
+    /// The cluster secret the drain request is signed with.
+    #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -47,8 +61,8 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_NODE_ID")]
     pub node_id: Option<String>,
 
-    /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL", required = true)]
+    /// Postgres connection URL (libpq style).
+    #[arg(long, env = "DATABASE_URL", required = true, hide_env_values = true)]
     pub database_url: Option<String>,
 
     /// Client API listener.
@@ -95,6 +109,11 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     pub cluster_secret: Option<String>,
+
+    /// The cluster secret before a rotation: proofs made with it are still accepted
+    /// (proofs are always made with --cluster-secret).
+    #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET_PREVIOUS", hide_env_values = true)]
+    pub cluster_secret_previous: Option<String>,
 
     /// Accept and send unauthenticated peer requests (development only).
     #[arg(long, env = "LEASEHOLD_INSECURE_PEER")]

@@ -65,6 +65,8 @@ pub struct DrainError(String);
 #[derive(Debug)]
 pub struct Drain {
     draining: watch::Sender<bool>,
+    /// Set once the sequence has ended (successfully or not).
+    ended: watch::Sender<bool>,
     done: OnceCell<Result<DrainReport, DrainError>>,
     /// When the sequence ended (leases handed back, or the attempt given up).
     ended_at: OnceLock<Instant>,
@@ -91,6 +93,7 @@ impl Drain {
         let draining = watch::Sender::new(false);
         Drain {
             draining,
+            ended: watch::Sender::new(false),
             done: OnceCell::new(),
             ended_at: OnceLock::new(),
             last_answer_ms: AtomicU64::new(0),
@@ -123,10 +126,23 @@ impl Drain {
             .get_or_init(|| async {
                 let result = self.sequence().await;
                 self.ended_at.get_or_init(Instant::now);
+                self.ended.send_replace(true);
                 result
             })
             .await
             .clone()
+    }
+
+    /// Wait for a drain someone else runs: for it to start (at most `start_within`), then
+    /// to end (at most `timeout` more). Its report, or `None` if none started or it did
+    /// not end in time. Starts nothing.
+    pub async fn wait_done(&self, start_within: Duration) -> Option<Result<DrainReport, DrainError>> {
+        let mut draining = self.draining.subscribe();
+        tokio::time::timeout(start_within, draining.wait_for(|d| *d)).await.ok()?.ok()?;
+        let mut ended = self.ended.subscribe();
+        let wait = self.timeout + HAND_BACK_RETRY * HAND_BACK_ATTEMPTS + LINGER_MARGIN;
+        tokio::time::timeout(wait, ended.wait_for(|e| *e)).await.ok()?.ok()?;
+        self.done.get().cloned()
     }
 
     /// An answer went out on the public or peer port (counted while draining).

@@ -2,10 +2,15 @@
 
 use std::{sync::Arc, time::Duration};
 
-use leasehold_core::{lifecycle::IDLE_CONNECTION, proof::PeerAuth, EventId, SessionKey};
+use leasehold_core::{
+    lifecycle::IDLE_CONNECTION,
+    proof::{PeerAuth, Signed},
+    store::Holder,
+    EventId, SessionKey,
+};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::upstream::{self, Upstream};
 
@@ -60,10 +65,10 @@ impl Forwarder {
         Forwarder { client, streams, auth }
     }
 
-    /// Open the owner's event stream for `key`, after `after` when given.
+    /// Open `owner`'s event stream for `key`, after `after` when given.
     pub async fn subscribe(
         &self,
-        addr: &str,
+        owner: &Holder,
         key: &SessionKey,
         after: Option<EventId>,
     ) -> reqwest::Result<reqwest::Response> {
@@ -71,23 +76,41 @@ impl Forwarder {
         if let Some(after) = after {
             path.push_str(&format!("?after={after}"));
         }
-        let mut req = self.streams.get(format!("http://{addr}{path}"));
-        for (name, value) in self.auth.sign("GET", &path, b"") {
+        let mut req = self.streams.get(format!("http://{}{path}", owner.peer_addr));
+        let none = HeaderMap::new();
+        let signed = Signed {
+            method: "GET",
+            path: &path,
+            destination: owner.owner.node_id(),
+            headers: &none,
+            body: b"",
+        };
+        for (name, value) in self.auth.sign(&signed, &[]) {
             req = req.header(name, value);
         }
         req.send().await
     }
 
-    /// POST `body` to `path` on the peer listener at `addr`, signed with the peer proof.
+    /// POST `body` to `path` on `owner`'s peer listener, with `headers`, signed with the
+    /// peer proof for that node.
     pub async fn forward(
         &self,
-        addr: &str,
+        owner: &Holder,
         path: &str,
         headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
         body: Bytes,
     ) -> Result<upstream::Response, ForwardError> {
-        let proof = self.auth.sign("POST", path, &body);
-        let headers = headers.into_iter().chain(proof);
+        let headers: HeaderMap = headers.into_iter().collect();
+        let signed = Signed {
+            method: "POST",
+            path,
+            destination: owner.owner.node_id(),
+            headers: &headers,
+            body: &body,
+        };
+        let proof = self.auth.sign(&signed, &[]);
+        let headers = headers.into_iter().filter_map(|(name, value)| Some((name?, value))).chain(proof);
+        let addr = &owner.peer_addr;
         self.client.post(&format!("http://{addr}{path}"), headers, body).await.map_err(|source| {
             let addr = addr.to_owned();
             if source.is_connect() {

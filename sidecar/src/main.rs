@@ -20,6 +20,7 @@ fn main() -> ExitCode {
     runtime::init_tracing();
     let result = match cli.command {
         Some(Command::Migrate(args)) => runtime::block_on(1, runtime::migrate(&args.database_url)),
+        Some(Command::Drain(args)) => runtime::block_on(1, runtime::drain(&args)),
         None => match cli.run.resolve(|name| std::env::var(name).ok()) {
             Ok(config) => runtime::block_on(usize::from(config.args.worker_threads), runtime::serve(config)),
             Err(e) => return runtime::fail(&format!("error: {e}")),

@@ -6,7 +6,7 @@ use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use leasehold_core::{
-    proof::PeerAuth,
+    proof::{PeerAuth, Signed},
     store::{notify::Change, LeaseStore, DEFAULT_POOL_SIZE},
     SessionKey,
 };
@@ -18,7 +18,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_sidecar::{
-    config::Config,
+    config::{Config, DrainArgs},
     drain::{self, Drain},
     fence::Fence,
     forward::Forwarder,
@@ -80,6 +80,40 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
     let store = LeaseStore::connect(database_url, 1).await.context("--database-url")?;
     store.migrate().await.context("--database-url: migrating")?;
     tracing::info!("migrations applied");
+    Ok(())
+}
+
+/// How long `leasehold-sidecar drain` waits for the drain's answer: a drain waits for
+/// in-flight turns up to its drain timeout (25 s by default); a hook's grace period
+/// bounds it anyway.
+const DRAIN_COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `leasehold-sidecar drain`: ask the admin port which node it is, sign a drain for that
+/// node with the cluster secret, print the answer; an error unless it succeeded.
+pub async fn drain(args: &DrainArgs) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().timeout(DRAIN_COMMAND_TIMEOUT).build()?;
+    let base = args.admin_url.trim_end_matches('/');
+    let health: serde_json::Value = http
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .with_context(|| format!("--admin-url: {base}/healthz"))?
+        .json()
+        .await
+        .with_context(|| format!("--admin-url: {base}/healthz is not a sidecar's"))?;
+    let node = health["node"].as_str().context("--admin-url: the sidecar did not name its node")?;
+    let auth = PeerAuth::new(Some(&args.cluster_secret), None);
+    let none = ::http::HeaderMap::new();
+    let signed = Signed { method: "POST", path: "/drain", destination: node, headers: &none, body: b"" };
+    let mut request = http.post(format!("{base}/drain"));
+    for (name, value) in auth.sign(&signed, &[]) {
+        request = request.header(name, value);
+    }
+    let response = request.send().await.with_context(|| format!("--admin-url: {base}/drain"))?;
+    let status = response.status();
+    println!("{}", response.text().await.unwrap_or_default().trim_end());
+    anyhow::ensure!(status.is_success(), "the drain of {node} answered {status}");
     Ok(())
 }
 
@@ -156,6 +190,7 @@ struct Parts {
     observe: Arc<Observe>,
     fence: Arc<Fence>,
     auth: Arc<PeerAuth>,
+    node_id: String,
 }
 
 /// Assemble the domain. Returns the receiver of sessions the agent must be told to
@@ -179,8 +214,10 @@ fn assemble(
         hubs.clone(),
         args.drain_timeout,
     ));
-    let secret = if args.insecure_peer { None } else { args.cluster_secret.as_deref() };
-    let auth = Arc::new(PeerAuth::new(secret));
+    let auth = Arc::new(match args.insecure_peer {
+        true => PeerAuth::new(None, None),
+        false => PeerAuth::new(args.cluster_secret.as_deref(), args.cluster_secret_previous.as_deref()),
+    });
     let forwarder = Arc::new(Forwarder::new(auth.clone()));
     let follow = Arc::new(Follow {
         hubs: hubs.clone(),
@@ -208,7 +245,8 @@ fn assemble(
     });
     let fence =
         Arc::new(Fence { ownership: ownership.clone(), hubs: hubs.clone(), metrics: metrics.clone() });
-    let parts = Parts { ownership, hubs, metrics, drain, router, observe, fence, auth };
+    let node_id = config.node_id.clone();
+    let parts = Parts { ownership, hubs, metrics, drain, router, observe, fence, auth, node_id };
     (parts, stood_down)
 }
 
@@ -227,12 +265,15 @@ async fn serve_listeners(parts: &Parts, max_body: usize, listeners: Listeners, s
         auth: parts.auth.clone(),
         drain: parts.drain.clone(),
         metrics: parts.metrics.clone(),
+        node_id: parts.node_id.clone(),
     };
     let agent = http::agent::AgentPort { fence: parts.fence.clone(), max_body };
     let admin = http::admin::Admin {
         drain: parts.drain.clone(),
         ownership: parts.ownership.clone(),
         metrics: parts.metrics.clone(),
+        auth: parts.auth.clone(),
+        node_id: parts.node_id.clone(),
     };
     tokio::join!(
         http::server::serve(listeners.public, http::public::router(public), shutdown.clone()),

@@ -76,3 +76,14 @@ The sidecar image reference passed to the operator.
 {{- define "leasehold.sidecarImage" -}}
 {{- printf "%s:%s" .Values.sidecarImage.repository (.Values.sidecarImage.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/*
+A label map as `k=v,k2=v2` (the operator's label flags).
+*/}}
+{{- define "leasehold.labelList" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

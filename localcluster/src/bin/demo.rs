@@ -141,7 +141,7 @@ async fn walkthrough(pg: &Postgres) -> anyhow::Result<()> {
     let owner = owner_of(&client, b).await?;
     let d = cluster.index_of(&owner);
     step(&format!("A drain of the owner ({owner}), as in a rolling deploy: no TTL to wait for"));
-    let report = cluster.nodes[d].drain(false).await;
+    let report = cluster.nodes[d].drain().await;
     println!("  POST /drain on {owner} -> {report}");
     let started = Instant::now();
     let answer = turn(&client, d, json!({ "text": "still with me?" })).await?;

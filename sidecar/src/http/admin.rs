@@ -1,18 +1,23 @@
-//! Admin port (CONTRACT §6): health, readiness, metrics, leases held, drain.
+//! Admin port (CONTRACT §6): health, readiness and metrics for anyone; the leases held
+//! and the drain only for a caller with proof of the cluster secret (the peer proof,
+//! made for this node); and a read-only wait for the drain, for preStop hooks.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
-    extract::State,
+    body::Body,
+    extract::{Request, State},
     http::{HeaderMap, StatusCode},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
 };
+use leasehold_core::proof::{PeerAuth, Signed};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::reply;
+use super::{read_body, reply};
 use crate::{drain::Drain, metrics::Metrics, ownership::Ownership};
 
 /// The domain parts the admin listener calls.
@@ -21,23 +26,61 @@ pub struct Admin {
     pub drain: Arc<Drain>,
     pub ownership: Arc<Ownership>,
     pub metrics: Arc<Metrics>,
+    pub auth: Arc<PeerAuth>,
+    /// This sidecar's node id: the destination an admin proof must name.
+    pub node_id: String,
 }
 
+/// A body on the authenticated admin routes is tiny (they take none); more is refused.
+const MAX_ADMIN_BODY: usize = 4096;
+
+/// `GET /drained` waits this long for someone (the operator, the sidecar container's own
+/// preStop hook) to start the drain before answering that none started.
+const DRAIN_START_WAIT: Duration = Duration::from_secs(5);
+
 pub fn router(app: Admin) -> Router {
+    let authenticated = Router::new()
+        .route("/leases", get(leases))
+        .route("/drain", post(drain))
+        .route_layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/leases", get(leases))
-        // GET too: a kubelet preStop httpGet hook can only GET (the drain is idempotent).
-        .route("/drain", post(drain).get(drain))
+        .route("/drained", get(drained))
+        .merge(authenticated)
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
         .with_state(app)
 }
 
-async fn healthz() -> Response {
-    Json(json!({ "status": "ok" })).into_response()
+/// Only a proof of the cluster secret made for this node passes (`401` otherwise).
+async fn authenticate(State(app): State<Admin>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match read_body(&parts.headers, body, MAX_ADMIN_BODY).await {
+        Ok(body) => body,
+        Err(rejected) => return rejected.into_response(),
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let signed = Signed {
+        method: parts.method.as_str(),
+        path,
+        destination: &app.node_id,
+        headers: &parts.headers,
+        body: &body,
+    };
+    if let Err(e) = app.auth.verify(&signed) {
+        tracing::warn!(%path, error = %e, "rejected admin request");
+        app.metrics.peer_auth_failure();
+        return reply::error(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+    }
+    next.run(Request::from_parts(parts, Body::from(body))).await
+}
+
+/// The process is alive; never depends on the database. Names the node (an admin proof
+/// is made for it).
+async fn healthz(State(app): State<Admin>) -> Response {
+    Json(json!({ "status": "ok", "node": app.node_id })).into_response()
 }
 
 /// Not ready while draining, or while the lease store is unreachable (no live node lease).
@@ -65,6 +108,17 @@ async fn leases(State(app): State<Admin>) -> Response {
         .map(|(key, epoch, left)| json!({ "key": key.as_str(), "epoch": epoch.0, "expires_in_ms": left.as_millis() as u64 }))
         .collect();
     Json(held).into_response()
+}
+
+/// For an agent container's preStop hook (a kubelet `httpGet`, which cannot carry a
+/// proof): wait for the drain that the operator or the sidecar's own hook starts, and
+/// answer when it is done. Starts nothing, so it needs no proof.
+async fn drained(State(app): State<Admin>) -> Response {
+    match app.drain.wait_done(DRAIN_START_WAIT).await {
+        Some(Ok(report)) => Json(report).into_response(),
+        Some(Err(e)) => reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string()),
+        None => reply::error(StatusCode::SERVICE_UNAVAILABLE, "not_drained", None),
+    }
 }
 
 /// Idempotent: every call returns when the one drain is done, with its counts.

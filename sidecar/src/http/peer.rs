@@ -12,7 +12,7 @@ use axum::{
     routing::get,
     Router,
 };
-use leasehold_core::proof::PeerAuth;
+use leasehold_core::proof::{PeerAuth, Signed};
 
 use super::{
     read_body, reply, session_key,
@@ -34,6 +34,8 @@ pub struct Peer {
     pub auth: Arc<PeerAuth>,
     pub drain: Arc<Drain>,
     pub metrics: Arc<Metrics>,
+    /// This sidecar's node id: the destination every proof must name.
+    pub node_id: String,
 }
 
 impl FromRef<Peer> for Turns {
@@ -62,7 +64,14 @@ async fn authenticate(State(peer): State<Peer>, request: Request, next: Next) ->
         Err(rejected) => return rejected.into_response(),
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    if let Err(e) = peer.auth.verify(parts.method.as_str(), path, &parts.headers, &body) {
+    let signed = Signed {
+        method: parts.method.as_str(),
+        path,
+        destination: &peer.node_id,
+        headers: &parts.headers,
+        body: &body,
+    };
+    if let Err(e) = peer.auth.verify(&signed) {
         tracing::warn!(%path, error = %e, "rejected peer request");
         peer.metrics.peer_auth_failure();
         return reply::error(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());

@@ -77,7 +77,7 @@ impl Follow {
     async fn upstream(&self, key: &SessionKey, holder: &Holder, changes: &mut watch::Receiver<u64>) {
         // Continue after what we have; with nothing yet, backfill all the owner buffers.
         let after = self.hubs.last_id(key).unwrap_or(EventId { epoch: Epoch(0), seq: 0 });
-        let response = match self.forwarder.subscribe(&holder.peer_addr, key, Some(after)).await {
+        let response = match self.forwarder.subscribe(holder, key, Some(after)).await {
             Ok(response) if response.status().is_success() => response,
             Ok(response) if response.status() == reqwest::StatusCode::UNAUTHORIZED => {
                 // Counted, not logged per retry: the forwarded turns log it (and the

@@ -143,7 +143,7 @@ impl TurnRouter {
     async fn hop(&self, turn: &Turn, holder: &Holder) -> Hop {
         let path = turn.peer_path();
         let forwarded = tokio::select! {
-            forwarded = self.forwarder.forward(&holder.peer_addr, &path, turn.headers(), turn.body.clone()) => forwarded,
+            forwarded = self.forwarder.forward(holder, &path, turn.headers(), turn.body.clone()) => forwarded,
             () = self.owner_gone(&turn.key, holder) => {
                 // It may have run (and may still finish; the fence stops its writes once
                 // another node takes over): `owner_failed`, and forget that holder.
