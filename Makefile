@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-unit test-fast e2e e2e-kind lint fmt bench deps build generate chart
+.PHONY: help demo test test-unit test-sdk test-fast e2e e2e-kind lint fmt bench deps build generate chart
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,6 +26,11 @@ test-unit: deps ## lint, then every test (unit, store, real processes) on a thro
 	cargo build --workspace --bins --locked
 	scripts/with-postgres.sh cargo test --workspace --locked
 	scripts/test-chart.sh
+	$(MAKE) test-sdk
+
+test-sdk: ## the Python and TypeScript SDKs: lint, types, tests against real sidecars (needs `make build`)
+	sdk/python/run-tests.sh
+	sdk/typescript/run-tests.sh
 
 e2e: deps ## end-to-end on a real local Kubernetes built from its own components (root; cached builds)
 	scripts/e2e.sh

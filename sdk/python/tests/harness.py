@@ -260,6 +260,8 @@ class Node:
     sidecar: Proc
     agent: Proc | ThreadedAgent
     extra: list[Proc] = field(default_factory=list)
+    #: What the admin port's drain is signed with.
+    cluster_secret: str = ""
 
     @property
     def public_url(self) -> str:
@@ -308,13 +310,24 @@ class Node:
             time.sleep(0.05)
 
     def drain(self) -> dict[str, Any]:
-        """`POST /drain` on the admin port; the report.
-
-        The ONE place tests call the admin port's drain: today it is unauthenticated;
-        once `/drain` requires the peer proof (CONTRACT §6), add the proof here."""
-        response = httpx.post(f"{self.admin_url}/drain", timeout=60.0)
-        assert response.status_code == 200, f"drain of {self.name}: {response.status_code}"
-        report: dict[str, Any] = response.json()
+        """Drain the node as hooks and people do: `leasehold-sidecar drain`, which signs
+        the admin port's `POST /drain` with the cluster secret; the report it printed."""
+        done = subprocess.run(
+            [
+                str(binary("leasehold-sidecar")),
+                "drain",
+                "--admin-url",
+                self.admin_url,
+                "--cluster-secret",
+                self.cluster_secret,
+            ],
+            capture_output=True,
+            timeout=60.0,
+            env=_clean_env(),
+            check=False,
+        )
+        assert done.returncode == 0, f"drain of {self.name}: {done.stderr.decode()}"
+        report: dict[str, Any] = json.loads(done.stdout)
         return report
 
     def metric(self, name: str, label_filter: str = "") -> float:
@@ -437,7 +450,7 @@ class Cluster:
         env = _clean_env()
         env["LEASEHOLD_LOG"] = "info,leasehold_sidecar=debug"
         sidecar = Proc(f"{name}/sidecar", argv, self.log_dir / f"{name}-sidecar.log", env)
-        node = Node(name, ip, ports, sidecar, agent=None)  # type: ignore[arg-type]
+        node = Node(name, ip, ports, sidecar, agent=None, cluster_secret=self.secret)  # type: ignore[arg-type]
         try:
             made = agent(node)
             if isinstance(made, tuple):  # (argv, extra environment)

@@ -313,14 +313,21 @@ function portOpen(host: string, port: number): Promise<boolean> {
 }
 
 /**
- * `POST /drain` on a node's admin port; the drain report. Today the admin port takes it
- * unauthenticated; CONTRACT §6 will require the peer proof of the cluster secret — that
- * change belongs here and only here.
+ * Drain a node as hooks and people do: `leasehold-sidecar drain`, which signs the admin
+ * port's `POST /drain` with the cluster secret; the report it printed.
  */
-export async function drain(node: Node, _clusterSecret: string): Promise<{ handed_back: number; in_flight_finished: number; in_flight_stood_down: number }> {
-  const response = await fetch(`${node.adminUrl}/drain`, { method: "POST" });
-  if (!response.ok) throw new Error(`drain of ${node.name} failed: ${response.status} ${await response.text()}`);
-  return (await response.json()) as { handed_back: number; in_flight_finished: number; in_flight_stood_down: number };
+export async function drain(node: Node, clusterSecret: string): Promise<{ handed_back: number; in_flight_finished: number; in_flight_stood_down: number }> {
+  const args = ["drain", "--admin-url", node.adminUrl, "--cluster-secret", clusterSecret];
+  const done = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolveDone) => {
+    const child = spawn(binary("leasehold-sidecar"), args, { stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    child.on("close", (code) => resolveDone({ code, stdout, stderr }));
+  });
+  if (done.code !== 0) throw new Error(`drain of ${node.name} failed: ${done.stderr}`);
+  return JSON.parse(done.stdout) as { handed_back: number; in_flight_finished: number; in_flight_stood_down: number };
 }
 
 export class Cluster {
