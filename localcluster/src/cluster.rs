@@ -70,6 +70,8 @@ pub struct ClusterOptions {
     /// Per node (by index), a database URL to use instead of the cluster's: the same
     /// database reached another way, e.g. through a [`crate::Link`] a test can cut.
     pub database_urls: Vec<Option<String>>,
+    /// Per node (by index), extra environment for its sidecar (e.g. a failpoint).
+    pub sidecar_env: Vec<Vec<(String, String)>>,
 }
 
 impl Default for ClusterOptions {
@@ -83,6 +85,7 @@ impl Default for ClusterOptions {
             ips: None,
             agent_command: None,
             database_urls: Vec::new(),
+            sidecar_env: Vec::new(),
         }
     }
 }
@@ -95,6 +98,7 @@ pub struct Node {
     pub sidecar: Proc,
     pub agent: Proc,
     sidecar_cmd: Vec<String>,
+    sidecar_env: Vec<(String, String)>,
     agent_cmd: AgentCommand,
     log_dir: PathBuf,
     /// What admin requests are signed with (`None`: the node runs `--insecure-peer`).
@@ -126,9 +130,15 @@ impl Node {
         format!("http://{}:{AGENT_API_PORT}", self.ip)
     }
 
-    fn spawn_sidecar(name: &str, args: &[String], log_dir: &std::path::Path) -> Proc {
+    fn spawn_sidecar(
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        log_dir: &std::path::Path,
+    ) -> Proc {
         let mut cmd = Command::new(binary("leasehold-sidecar"));
         cmd.args(args).env("LEASEHOLD_LOG", "info,leasehold_sidecar=debug");
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         Proc::spawn(&format!("{name}/sidecar"), cmd, &log_dir.join(format!("{name}-sidecar.log")))
             .expect("spawn sidecar")
     }
@@ -166,7 +176,7 @@ impl Node {
     /// A container restart: the sidecar starts again with the same node id.
     pub fn restart_sidecar(&mut self) {
         self.sidecar.kill9();
-        self.sidecar = Self::spawn_sidecar(&self.name, &self.sidecar_cmd, &self.log_dir);
+        self.sidecar = Self::spawn_sidecar(&self.name, &self.sidecar_cmd, &self.sidecar_env, &self.log_dir);
     }
 
     /// A container restart with one setting changed (e.g. a rotated `--cluster-secret`):
@@ -269,7 +279,8 @@ impl Cluster {
             let name = format!("node-{}", (b'a' + i as u8) as char);
             let url = options.database_urls.get(i).cloned().flatten();
             let url = url.as_deref().unwrap_or(database_url);
-            nodes.push(Self::spawn_node(&name, ip, url, &options, logs.path()));
+            let env = options.sidecar_env.get(i).cloned().unwrap_or_default();
+            nodes.push(Self::spawn_node(&name, ip, url, env, &options, logs.path()));
         }
         for node in &mut nodes {
             node.wait_ready().await?;
@@ -281,6 +292,7 @@ impl Cluster {
         name: &str,
         ip: Ipv4Addr,
         database_url: &str,
+        sidecar_env: Vec<(String, String)>,
         options: &ClusterOptions,
         log_dir: &std::path::Path,
     ) -> Node {
@@ -314,7 +326,7 @@ impl Cluster {
             Some(secret) => args.extend(["--cluster-secret".to_owned(), secret.clone()]),
             None => args.push("--insecure-peer".to_owned()),
         }
-        let sidecar = Node::spawn_sidecar(name, &args, log_dir);
+        let sidecar = Node::spawn_sidecar(name, &args, &sidecar_env, log_dir);
         let listen = format!("{ip}:{DEMO_AGENT_PORT}");
         let agent_cmd = match &options.agent_command {
             Some((program, env)) => AgentCommand {
@@ -342,6 +354,7 @@ impl Cluster {
             sidecar,
             agent,
             sidecar_cmd: args,
+            sidecar_env,
             agent_cmd,
             log_dir: log_dir.to_owned(),
             cluster_secret: options.cluster_secret.clone(),

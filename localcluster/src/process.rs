@@ -99,6 +99,12 @@ impl Drop for Proc {
     }
 }
 
+/// Whether a process is stopped (SIGSTOP: state `T` in `/proc/<pid>/stat`).
+pub fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    stat.rfind(')').and_then(|end| stat.get(end + 2..end + 3)) == Some("T")
+}
+
 /// CPU time (user + system) a process has used so far, from `/proc/<pid>/stat`; `None`
 /// if it is gone. Benchmarks divide the difference over a run by the work done.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
@@ -116,6 +122,21 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopped_process_is_seen_stopped() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(!is_stopped(pid));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGSTOP).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !is_stopped(pid) {
+            assert!(Instant::now() < deadline, "never seen stopped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 
     #[test]
     fn cpu_time_grows_with_work_done() {

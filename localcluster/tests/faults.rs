@@ -591,3 +591,51 @@ async fn a_request_pool_held_busy_past_the_ttl_does_not_lapse_the_node_lease() {
         .unwrap();
     assert_eq!((answer.status, answer.owner.as_deref(), answer.epoch), (200, Some("node-a"), Some(1)));
 }
+
+/// A publish frozen between its fence check and its fan-out (the failpoint stops node-a's
+/// sidecar right after it holds the fence for its first event) while another node takes
+/// the session over: when node-a wakes, its event reaches no observer on any node, and
+/// the turn it belonged to is not acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publish_frozen_between_fence_and_fan_out_never_reaches_an_observer() {
+    const KEY: &str = "zombie-publish";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let stop_after_fence = vec![("LEASEHOLD_FAILPOINT_STOP_AFTER_FENCE".to_owned(), KEY.to_owned())];
+    let options = ClusterOptions { sidecar_env: vec![stop_after_fence], ..short_lease_options() };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let stream = |node: &localcluster::Node| format!("{}/v1/sessions/{KEY}/stream", node.public_url());
+    let mut on_a = localcluster::Observer::open(&stream(a), None).await.unwrap();
+    let mut on_b = localcluster::Observer::open(&stream(b), None).await.unwrap();
+
+    let zombie = post_on_node_a(&cluster, KEY, turn("zombie"));
+    let stopped_by = Instant::now() + Duration::from_secs(10);
+    while !localcluster::process::is_stopped(a.sidecar.pid()) {
+        assert!(Instant::now() < stopped_by, "node-a never reached the failpoint");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // node-b takes the session over once node-a's node lease has expired (and its frozen
+    // fence hold is ended by the database), and serves a turn at epoch 2.
+    let via_b = Client::new(vec![b.public_url()]);
+    let claimable_by = Instant::now() + Duration::from_secs(10);
+    while via_b.session(KEY, 0).await.unwrap()["claimable"] != true {
+        assert!(Instant::now() < claimable_by, "node-a's lease never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = via_b.turn(KEY, &turn("after")).await.unwrap();
+    assert_eq!((answer.status, answer.owner.as_deref(), answer.epoch), (200, Some("node-b"), Some(2)));
+
+    a.resume();
+    let (status, body) = zombie.await.unwrap();
+    assert_ne!(status, 200, "the frozen turn is not acknowledged: {body}");
+    for observer in [&mut on_a, &mut on_b] {
+        observer.until(Duration::from_secs(10), turn_finished(1)).await.unwrap();
+        // Whatever else arrives in the next moments: no event of epoch 1.
+        while observer.next(Duration::from_millis(500)).await.is_some() {}
+        let ids = observer.ids();
+        assert!(ids.iter().all(|id| id.starts_with("2-")), "a zombie's event was delivered: {ids:?}");
+    }
+    assert_eq!(support::history(&db, KEY).await, ["after"], "only node-b's turn is in the history");
+    assert!(a.metric("leasehold_fenced_writes_total", "").await >= 1.0, "node-a counted its fenced publish");
+}

@@ -11,6 +11,7 @@ use leasehold_core::{
 use serde_json::value::RawValue;
 
 use crate::{
+    failpoint,
     metrics::Metrics,
     observe::Hubs,
     ownership::{Ownership, StandDownReason},
@@ -71,7 +72,12 @@ impl Fence {
         written.map_err(|e| self.store_error(key, epoch, e))
     }
 
-    /// Publish an event to every observer, after the same lease check as a checkpoint.
+    /// Publish an event to every observer, under the fence: the lease row is held against
+    /// a takeover from the check until after the event is in the hub, and the event goes
+    /// out only if, at that instant, the session was not stood down and this node's
+    /// lease is certainly live. Either the hold stood (no one took over) or the process
+    /// was frozen past its idle-transaction bound, that is past its TTL, and is no longer
+    /// certainly live: a zombie's event never reaches an observer.
     pub async fn publish(
         &self,
         key: &SessionKey,
@@ -82,11 +88,18 @@ impl Fence {
         let Some(lease) = self.ownership.local(key, epoch) else {
             return Err(self.fenced(key, epoch));
         };
-        self.ownership.check_fence(&lease).await.map_err(|e| self.store_error(key, epoch, e))?;
-        if lease.halt.is_cancelled() {
-            return Err(WriteError::Fenced); // stood down while we checked
+        let hold = self.ownership.hold_fence(&lease).await.map_err(|e| self.store_error(key, epoch, e))?;
+        failpoint::stop_after_fence(key);
+        if lease.halt.is_cancelled() || !self.ownership.certainly_live() {
+            drop(hold); // rolled back
+            return Err(self.fenced(key, epoch));
         }
-        Ok(self.hubs.publish(key, epoch, &kind, data.get()))
+        let id = self.hubs.publish(key, epoch, &kind, data.get());
+        if let Err(e) = hold.release().await {
+            // The event was published while the hold stood; only its release failed.
+            tracing::debug!(%key, error = %e, "releasing the fence hold failed");
+        }
+        Ok(id)
     }
 
     /// The session idled out: release it (claimable at once) and stop holding it.

@@ -8,6 +8,7 @@
 pub mod client;
 pub mod config;
 pub mod drain;
+pub mod failpoint;
 pub mod fence;
 pub mod forward;
 pub mod heartbeat;

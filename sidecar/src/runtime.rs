@@ -351,8 +351,12 @@ async fn watch_ownership(ownership: Arc<Ownership>, hubs: Arc<Hubs>, drain: Arc<
 /// done through the admin port returns at once) and exits.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listeners = bind(&config).await?;
-    let store =
-        LeaseStore::connect_lazy(&config.database_url, DEFAULT_POOL_SIZE).context("--database-url")?;
+    let store = LeaseStore::connect_lazy_bounding_idle_transactions(
+        &config.database_url,
+        DEFAULT_POOL_SIZE,
+        config.args.lease_ttl,
+    )
+    .context("--database-url")?;
     let mut heartbeat = start_heartbeat(&config, &store).await;
     let (parts, stood_down) = assemble(&config, store, &heartbeat);
     let parts = Arc::new(parts);

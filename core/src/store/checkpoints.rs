@@ -32,6 +32,31 @@ SELECT 1 FROM agent_leases
 WHERE agent_key = $1 AND owner = $2 AND epoch = $3 AND NOT released
 "#;
 
+/// The lease check, holding the lease row against a takeover (a claim updates that row,
+/// so it waits) until the transaction ends: what a publish does while it holds it cannot
+/// be overtaken by another owner's first write.
+const HOLD_FENCE_SQL: &str = r#"
+SELECT 1 FROM agent_leases
+WHERE agent_key = $1 AND owner = $2 AND epoch = $3 AND NOT released
+FOR SHARE
+"#;
+
+/// A session's lease held at one owner and epoch: no takeover can commit until it is
+/// committed or dropped (a dropped hold rolls back). Hold it for as little as possible;
+/// the store's connections end a transaction left idle (a frozen holder) after the
+/// pool's idle-transaction timeout.
+#[derive(Debug)]
+pub struct FenceHold {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+}
+
+impl FenceHold {
+    /// Release the hold.
+    pub async fn release(self) -> Result<()> {
+        bounded("release fence", async { self.tx.commit().await.map_err(db("release fence")) }).await
+    }
+}
+
 const GET_CHECKPOINT_SQL: &str = r#"
 SELECT epoch, data FROM agent_checkpoints WHERE agent_key = $1
 "#;
@@ -87,6 +112,20 @@ impl LeaseStore {
         })
         .await?;
         row.map(drop).ok_or_else(|| Error::Fenced { key: key.clone(), epoch })
+    }
+
+    /// Hold the fence: `Err(Fenced)` when this owner/epoch no longer holds the session,
+    /// else a [`FenceHold`] under which no other owner can take the session over.
+    pub async fn hold_fence(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<FenceHold> {
+        bounded("hold fence", async {
+            let mut tx = self.pool.begin().await.map_err(db("hold fence"))?;
+            let query = sqlx::query(HOLD_FENCE_SQL).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0);
+            match query.fetch_optional(&mut *tx).await.map_err(db("hold fence"))? {
+                Some(_) => Ok(FenceHold { tx }),
+                None => Err(Error::Fenced { key: key.clone(), epoch }),
+            }
+        })
+        .await
     }
 
     pub async fn get_checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>> {

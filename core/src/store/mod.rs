@@ -11,10 +11,13 @@ pub mod notify;
 
 use std::time::Duration;
 
-use sqlx::{postgres::PgPoolOptions, PgPool};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
 
 pub use self::{
-    checkpoints::Checkpoint,
+    checkpoints::{Checkpoint, FenceHold},
     leases::{Claim, Holder, LeaseInfo},
     nodes::NodeLease,
 };
@@ -110,12 +113,34 @@ impl LeaseStore {
     /// Connect lazily: the sidecar must start (and report `store_unavailable`) even while
     /// the database is down.
     pub fn connect_lazy(database_url: &str, max_connections: u32) -> Result<Self> {
+        let options: PgConnectOptions = database_url.parse().map_err(db("parse database url"))?;
+        Ok(Self::lazy_with(options, max_connections))
+    }
+
+    /// [`LeaseStore::connect_lazy`], with every transaction left idle longer than
+    /// `idle_transaction` ended by the server: a frozen process holding a [`FenceHold`]
+    /// blocks a takeover of that session for at most this long. A holder frozen past it
+    /// is frozen past this much of its node lease too, and must find it not certainly
+    /// live before it acts (the sidecar gives its TTL here).
+    pub fn connect_lazy_bounding_idle_transactions(
+        database_url: &str,
+        max_connections: u32,
+        idle_transaction: Duration,
+    ) -> Result<Self> {
+        let options: PgConnectOptions = database_url.parse().map_err(db("parse database url"))?;
+        let ms = idle_transaction.as_millis().max(1).to_string();
+        Ok(Self::lazy_with(
+            options.options([("idle_in_transaction_session_timeout", ms.as_str())]),
+            max_connections,
+        ))
+    }
+
+    fn lazy_with(options: PgConnectOptions, max_connections: u32) -> Self {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy(database_url)
-            .map_err(db("parse database url"))?;
-        Ok(Self { pool })
+            .connect_lazy_with(options);
+        Self { pool }
     }
 
     /// A store on the same database with `max_connections` connections of its own, for

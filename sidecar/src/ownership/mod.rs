@@ -23,7 +23,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_core::{
-    store::{self, notify::Changes, Checkpoint, Claim, Holder, LeaseInfo, LeaseStore},
+    store::{self, notify::Changes, Checkpoint, Claim, FenceHold, Holder, LeaseInfo, LeaseStore},
     Epoch, Owner, SessionKey,
 };
 
@@ -396,9 +396,16 @@ impl Ownership {
         self.counted(self.store.put_checkpoint(&lease.key, &lease.owner, lease.epoch, data).await)
     }
 
-    /// The fence without a write (an event publish); `Err(Fenced)` when stale.
-    pub async fn check_fence(&self, lease: &LocalLease) -> Result<(), store::Error> {
-        self.counted(self.store.check_fence(&lease.key, &lease.owner, lease.epoch).await)
+    /// Hold the fence at `lease`'s owner and epoch: no takeover of the session commits
+    /// until the hold is released. `Err(Fenced)` when the lease has moved on.
+    pub async fn hold_fence(&self, lease: &LocalLease) -> Result<FenceHold, store::Error> {
+        self.counted(self.store.hold_fence(&lease.key, &lease.owner, lease.epoch).await)
+    }
+
+    /// Whether this process's node lease is certainly live right now (no other node can
+    /// have taken over one of its sessions by expiry).
+    pub fn certainly_live(&self) -> bool {
+        self.node.borrow().certainly_live(Instant::now())
     }
 
     /// Subscribe to ownership changes (LISTEN/NOTIFY).
