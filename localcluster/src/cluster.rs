@@ -126,6 +126,11 @@ impl Node {
         format!("http://{}:{PEER_PORT}", self.ip)
     }
 
+    /// The agent's own port (the demo agent's test hooks, e.g. `/sessions/{key}/release`).
+    pub fn agent_url(&self) -> String {
+        format!("http://{}:{DEMO_AGENT_PORT}", self.ip)
+    }
+
     pub fn agent_api_url(&self) -> String {
         format!("http://{}:{AGENT_API_PORT}", self.ip)
     }

@@ -190,6 +190,7 @@ impl Drain {
         self.ownership.forget_all();
         self.metrics.handed_back(handed_back);
         self.hubs.reconnect_all();
+        self.hubs.forget_unobserved();
         let report = DrainReport {
             handed_back,
             in_flight_finished: started_with.saturating_sub(still_running),

@@ -102,10 +102,14 @@ impl Fence {
         Ok(id)
     }
 
-    /// The session idled out: release it (claimable at once) and stop holding it.
+    /// The session idled out: release it (claimable at once), stop holding it, and let
+    /// its hub go unless someone here observes it.
     pub async fn release(&self, key: &SessionKey, epoch: Epoch) -> Result<(), WriteError> {
         match self.ownership.release(key, epoch).await {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.hubs.moved(key);
+                Ok(())
+            }
             Ok(false) => Err(WriteError::Fenced),
             Err(e) => Err(self.store_error(key, epoch, e)),
         }

@@ -60,6 +60,7 @@ pub struct Metrics {
     observers: Gauge,
     upstreams: Gauge,
     observers_cut: Counter,
+    hubs: Gauge,
 }
 
 impl Default for Metrics {
@@ -86,6 +87,7 @@ impl Metrics {
             observers: Gauge::default(),
             upstreams: Gauge::default(),
             observers_cut: Counter::default(),
+            hubs: Gauge::default(),
         };
         registry.register(
             "resolutions",
@@ -128,6 +130,11 @@ impl Metrics {
             "observers_cut",
             "Observers cut for falling behind the buffer",
             m.observers_cut.clone(),
+        );
+        registry.register(
+            "hubs",
+            "Sessions with a hub on this node (owned or observed here, with their replay buffer)",
+            m.hubs.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -183,6 +190,11 @@ impl Metrics {
 
     pub fn observer_cut(&self) {
         self.observers_cut.inc();
+    }
+
+    /// The gauge the hubs keep at their number.
+    pub fn hub_gauge(&self) -> Gauge {
+        self.hubs.clone()
     }
 
     pub fn encode(&self) -> String {

@@ -205,7 +205,7 @@ fn assemble(
     let (stood_down_tx, stood_down) = mpsc::unbounded_channel();
     let ownership = Arc::new(Ownership::new(store, heartbeat.state.clone(), stood_down_tx, metrics.clone()));
     let inflight = InFlight::new(metrics.clone());
-    let hubs = Arc::new(Hubs::default());
+    let hubs = Arc::new(Hubs::counted(metrics.hub_gauge()));
     let drain = Arc::new(Drain::new(
         ownership.clone(),
         inflight.clone(),

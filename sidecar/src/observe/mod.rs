@@ -13,10 +13,11 @@ mod stream;
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex},
+    sync::Mutex,
 };
 
 use leasehold_core::{Epoch, EventId, SessionKey};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{broadcast, watch};
 
 pub use self::{
@@ -24,8 +25,11 @@ pub use self::{
     stream::{Observe, Reading},
 };
 
-/// Events kept per session for late joiners: the current turn and a tail before it.
+/// Events kept per session for late joiners: the current turn and a tail before it...
 pub const REPLAY_CAPACITY: usize = 1024;
+/// ...and at most this many bytes of them (encoded frames), so a session of large events
+/// cannot hold more than this.
+pub const REPLAY_BYTES: usize = 1024 * 1024;
 /// Messages a slow observer may lag behind before it is cut (it can reconnect with
 /// `Last-Event-ID` and catch up from the replay buffer).
 pub const OBSERVER_CAPACITY: usize = 1024;
@@ -33,19 +37,21 @@ pub const OBSERVER_CAPACITY: usize = 1024;
 /// The event type that opens a turn: replay without `Last-Event-ID` starts there.
 pub const TURN_STARTED: &str = "turn_started";
 
-/// One published event; `data` is JSON text. The SSE frame is encoded once, here, and
-/// shared by every observer (fan-out copies a pointer, not the text).
+/// One published event. Its SSE frame is encoded once, here, and shared by every
+/// observer (fan-out copies a pointer, not the text); the frame is all that is kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub id: EventId,
-    pub kind: Arc<str>,
-    pub data: Arc<str>,
+    /// Whether this event opens a turn (`turn_started`): replay without `Last-Event-ID`
+    /// starts at the last one.
+    pub opens_turn: bool,
     pub frame: bytes::Bytes,
 }
 
 impl Event {
+    /// `data` is JSON text.
     pub fn new(id: EventId, kind: &str, data: &str) -> Self {
-        Event { id, kind: kind.into(), data: data.into(), frame: sse::encode(Some(id), kind, data) }
+        Event { id, opens_turn: kind == TURN_STARTED, frame: sse::encode(Some(id), kind, data) }
     }
 }
 
@@ -69,7 +75,11 @@ pub enum Message {
 struct Hub {
     last: Option<EventId>,
     recent: VecDeque<Event>,
-    tx: broadcast::Sender<Message>,
+    /// Bytes of the frames in `recent`.
+    recent_bytes: usize,
+    /// The broadcast to this node's readers, made when the first one subscribes: a hub
+    /// nobody reads (most sessions, on their owner) keeps no channel buffer.
+    tx: Option<broadcast::Sender<Message>>,
     /// Bumped on every ownership change that concerns this session.
     changed: watch::Sender<u64>,
     /// Public observers on this node (peer streams are not counted: they do not keep a
@@ -87,7 +97,8 @@ impl Hub {
         Hub {
             last: None,
             recent: VecDeque::new(),
-            tx: broadcast::channel(OBSERVER_CAPACITY).0,
+            recent_bytes: 0,
+            tx: None,
             changed: watch::Sender::new(0),
             observers: 0,
             following: false,
@@ -96,9 +107,20 @@ impl Hub {
         }
     }
 
+    /// Send to this node's readers, if any (nobody listening is fine).
+    fn send(&self, message: Message) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(message);
+        }
+    }
+
+    fn subscribe(&mut self) -> broadcast::Receiver<Message> {
+        self.tx.get_or_insert_with(|| broadcast::channel(OBSERVER_CAPACITY).0).subscribe()
+    }
+
     fn mark_primed(&mut self) {
         if !std::mem::replace(&mut self.primed, true) {
-            let _ = self.tx.send(Message::Primed);
+            self.send(Message::Primed);
         }
     }
 
@@ -109,11 +131,15 @@ impl Hub {
         }
         self.last = Some(event.id);
         self.idle = false;
-        if self.recent.len() == REPLAY_CAPACITY {
-            self.recent.pop_front();
-        }
+        self.recent_bytes += event.frame.len();
         self.recent.push_back(event.clone());
-        let _ = self.tx.send(Message::Event(event)); // nobody listening is fine
+        while self.recent.len() > REPLAY_CAPACITY
+            || (self.recent_bytes > REPLAY_BYTES && self.recent.len() > 1)
+        {
+            let dropped = self.recent.pop_front().expect("not empty");
+            self.recent_bytes -= dropped.frame.len();
+        }
+        self.send(Message::Event(event));
         true
     }
 
@@ -122,7 +148,7 @@ impl Hub {
         match after {
             Some(after) => self.recent.iter().filter(|e| e.id > after).cloned().collect(),
             None => {
-                let start = self.recent.iter().rposition(|e| &*e.kind == TURN_STARTED).unwrap_or(0);
+                let start = self.recent.iter().rposition(|e| e.opens_turn).unwrap_or(0);
                 self.recent.iter().skip(start).cloned().collect()
             }
         }
@@ -139,17 +165,48 @@ pub struct Subscription {
     pub primed: bool,
 }
 
-/// The hubs of this node.
+/// The hubs of this node. A hub lives while its session is owned here or observed here;
+/// a session released, moved or no longer observed takes its hub (and its replay buffer)
+/// with it.
 #[derive(Debug, Default)]
 pub struct Hubs {
     hubs: Mutex<HashMap<SessionKey, Hub>>,
     observers: std::sync::atomic::AtomicUsize,
+    /// How many hubs exist (`leasehold_hubs`).
+    count: Gauge,
 }
 
 impl Hubs {
+    /// Hubs that keep `count` at their number.
+    pub fn counted(count: Gauge) -> Self {
+        Hubs { count, ..Hubs::default() }
+    }
+
     fn with<T>(&self, key: &SessionKey, f: impl FnOnce(&mut Hub) -> T) -> T {
         let mut hubs = self.hubs.lock().expect("hubs lock");
-        f(hubs.entry(key.clone()).or_insert_with(Hub::new))
+        let hub = match hubs.contains_key(key) {
+            true => hubs.get_mut(key).expect("checked"),
+            false => {
+                self.count.set(i64::try_from(hubs.len() + 1).unwrap_or(i64::MAX));
+                hubs.entry(key.clone()).or_insert_with(Hub::new)
+            }
+        };
+        f(hub)
+    }
+
+    /// Drop `key`'s hub (under the caller's lock) and count.
+    fn remove(&self, hubs: &mut HashMap<SessionKey, Hub>, key: &SessionKey) {
+        hubs.remove(key);
+        self.count.set(i64::try_from(hubs.len()).unwrap_or(i64::MAX));
+    }
+
+    /// How many hubs this node holds.
+    pub fn len(&self) -> usize {
+        self.hubs.lock().expect("hubs lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Number and fan out an event our agent published at `epoch` (the fence passed).
@@ -176,7 +233,7 @@ impl Hubs {
     pub fn subscribe(&self, key: &SessionKey, after: Option<EventId>) -> Subscription {
         self.with(key, |hub| Subscription {
             replay: if hub.primed { hub.replay(after) } else { Vec::new() },
-            live: hub.tx.subscribe(),
+            live: hub.subscribe(),
             idle: hub.idle,
             primed: hub.primed,
         })
@@ -231,7 +288,7 @@ impl Hubs {
         }
         hub.following = false;
         if !owned_here {
-            hubs.remove(key);
+            self.remove(&mut hubs, key);
         }
         true
     }
@@ -256,7 +313,7 @@ impl Hubs {
             }
             hub.mark_primed();
             if !std::mem::replace(&mut hub.idle, true) {
-                let _ = hub.tx.send(Message::Idle);
+                hub.send(Message::Idle);
             }
         });
     }
@@ -275,23 +332,30 @@ impl Hubs {
         }
     }
 
-    /// We no longer own `key`: end peer streams served from here, wake our follower, and
-    /// drop the hub if no local observer needs it.
+    /// We no longer own `key` (stood down, released): end peer streams served from here,
+    /// wake our follower, and drop the hub if no local observer needs it.
     pub fn moved(&self, key: &SessionKey) {
         let mut hubs = self.hubs.lock().expect("hubs lock");
         if let Some(hub) = hubs.get(key) {
-            let _ = hub.tx.send(Message::Moved);
+            hub.send(Message::Moved);
             hub.changed.send_modify(|n| *n += 1);
             if hub.observers == 0 && !hub.following {
-                hubs.remove(key);
+                self.remove(&mut hubs, key);
             }
         }
+    }
+
+    /// After a drain's hand-back nothing is owned here: drop every hub no observer holds.
+    pub fn forget_unobserved(&self) {
+        let mut hubs = self.hubs.lock().expect("hubs lock");
+        hubs.retain(|_, hub| hub.observers > 0 || hub.following);
+        self.count.set(i64::try_from(hubs.len()).unwrap_or(i64::MAX));
     }
 
     /// Drain: every stream on this node says `reconnect` and closes.
     pub fn reconnect_all(&self) {
         for hub in self.hubs.lock().expect("hubs lock").values() {
-            let _ = hub.tx.send(Message::Reconnect);
+            hub.send(Message::Reconnect);
             hub.changed.send_modify(|n| *n += 1);
         }
     }

@@ -146,7 +146,7 @@ mod tests {
         .await;
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].to_event().unwrap().id, EventId::parse("1-1").unwrap());
-        assert_eq!(&*got[0].to_event().unwrap().kind, "token");
+        assert!(!got[0].to_event().unwrap().opens_turn);
         assert_eq!(got[0].data, "{\"i\":0}");
         assert_eq!(got[1].event.as_deref(), Some("idle"));
         assert!(got[1].to_event().is_none(), "control frames have no id");
@@ -158,8 +158,9 @@ mod tests {
         let bytes = encode(Some(id), "token", "{\"a\":\n1}");
         assert_eq!(&bytes[..], b"id: 3-7\nevent: token\ndata: {\"a\":\ndata: 1}\n\n");
         let got = frames(&[std::str::from_utf8(&bytes).unwrap()]).await;
+        assert_eq!((got[0].event.as_deref(), got[0].data.as_str()), (Some("token"), "{\"a\":\n1}"));
         let event = got[0].to_event().unwrap();
-        assert_eq!((event.id, &*event.kind, &*event.data), (id, "token", "{\"a\":\n1}"));
+        assert_eq!((event.id, event.frame), (id, bytes), "the event re-encodes to the same frame");
     }
 
     #[tokio::test]

@@ -104,3 +104,26 @@ fn a_subscriber_before_the_backfill_waits_for_primed_then_replays() {
     assert!(late.primed);
     assert_eq!(ids(&late.replay), ["1-3", "1-4"]);
 }
+
+#[test]
+fn the_replay_buffer_is_bounded_in_bytes_as_well_as_count() {
+    let hubs = Hubs::default();
+    let big = format!("\"{}\"", "x".repeat(64 * 1024));
+    for _ in 0..64 {
+        hubs.publish(&key(), Epoch(1), "token", &big);
+    }
+    let kept = hubs.replay(&key(), EventId::parse("1-0"));
+    let bytes: usize = kept.iter().map(|e| e.frame.len()).sum();
+    assert!(bytes <= REPLAY_BYTES, "{bytes} bytes kept");
+    assert!(kept.len() >= 15 && kept.len() < 64, "{} kept", kept.len());
+    assert_eq!(kept.last().unwrap().id, EventId::parse("1-64").unwrap(), "the newest are kept");
+}
+
+#[test]
+fn a_released_session_without_observers_leaves_no_hub() {
+    let hubs = Hubs::default();
+    hubs.publish(&key(), Epoch(1), "turn_started", "{}");
+    assert_eq!(hubs.len(), 1);
+    hubs.moved(&key());
+    assert!(hubs.is_empty(), "no hub, no replay buffer kept for it");
+}
