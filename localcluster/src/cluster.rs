@@ -46,12 +46,21 @@ pub fn binary(name: &str) -> PathBuf {
 }
 
 /// Loopback addresses unique within this process (127.X.Y.Z, X from the PID), so tests
-/// running in parallel threads never share a port.
+/// running in parallel threads never share a port; an address whose ports another
+/// process holds (another test run whose PID shares X) is skipped.
 pub fn next_ip() -> Ipv4Addr {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let x = 100 + (std::process::id() % 100) as u8;
-    Ipv4Addr::new(127, x, (n / 200) as u8, (n % 200) as u8 + 10)
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let x = 100 + (std::process::id() % 100) as u8;
+        let ip = Ipv4Addr::new(127, x, (n / 200) as u8, (n % 200) as u8 + 10);
+        let free = [PUBLIC_PORT, PEER_PORT, AGENT_API_PORT, ADMIN_PORT, DEMO_AGENT_PORT]
+            .iter()
+            .all(|port| std::net::TcpListener::bind((ip, *port)).is_ok());
+        if free {
+            return ip;
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -119,6 +119,19 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_INSECURE_PEER")]
     pub insecure_peer: bool,
 
+    /// Connections open at once on each listener; past it a connection is answered
+    /// `503 overloaded` (with a retry directive) and closed.
+    #[arg(long, env = "LEASEHOLD_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Open `/stream`s on this node; past it a new one is `503 overloaded`.
+    #[arg(long, env = "LEASEHOLD_MAX_STREAMS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams: u32,
+
+    /// Open `/stream`s of one session on this node; past it a new one is `503 overloaded`.
+    #[arg(long, env = "LEASEHOLD_MAX_STREAMS_PER_SESSION", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_session: u32,
+
     /// Largest accepted turn or event body, in bytes (`413` above).
     #[arg(long, env = "LEASEHOLD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,

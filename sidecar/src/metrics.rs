@@ -61,6 +61,7 @@ pub struct Metrics {
     upstreams: Gauge,
     observers_cut: Counter,
     hubs: Gauge,
+    streams_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -88,6 +89,7 @@ impl Metrics {
             upstreams: Gauge::default(),
             observers_cut: Counter::default(),
             hubs: Gauge::default(),
+            streams_refused: Counter::default(),
         };
         registry.register(
             "resolutions",
@@ -135,6 +137,11 @@ impl Metrics {
             "hubs",
             "Sessions with a hub on this node (owned or observed here, with their replay buffer)",
             m.hubs.clone(),
+        );
+        registry.register(
+            "streams_refused",
+            "Streams refused 503 overloaded: a node or per-session stream limit was reached",
+            m.streams_refused.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -190,6 +197,10 @@ impl Metrics {
 
     pub fn observer_cut(&self) {
         self.observers_cut.inc();
+    }
+
+    pub fn stream_refused(&self) {
+        self.streams_refused.inc();
     }
 
     /// The gauge the hubs keep at their number.

@@ -18,14 +18,14 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_sidecar::{
-    config::{Config, DrainArgs},
+    config::{Config, DrainArgs, RunArgs},
     drain::{self, Drain},
     fence::Fence,
     forward::Forwarder,
     heartbeat::{Heartbeat, HeartbeatHandle},
     http,
     metrics::Metrics,
-    observe::{Follow, Hubs, Observe},
+    observe::{Follow, Hubs, Observe, StreamLimits},
     ownership::Ownership,
     turn::{agent::AgentClient, inflight::InFlight, router::TurnRouter},
 };
@@ -232,6 +232,10 @@ fn assemble(
         ownership: ownership.clone(),
         metrics: metrics.clone(),
         draining: drain.subscribe(),
+        limits: StreamLimits {
+            per_node: args.max_streams as usize,
+            per_session: args.max_streams_per_session as usize,
+        },
     });
     let router = Arc::new(TurnRouter {
         ownership: ownership.clone(),
@@ -251,7 +255,8 @@ fn assemble(
 }
 
 /// Serve the four listeners, each calling the parts it needs, until `shutdown`.
-async fn serve_listeners(parts: &Parts, max_body: usize, listeners: Listeners, shutdown: CancellationToken) {
+async fn serve_listeners(parts: &Parts, args: &RunArgs, listeners: Listeners, shutdown: CancellationToken) {
+    let (max_body, cap) = (args.max_body_bytes, args.max_connections as usize);
     let turns = http::Turns { router: parts.router.clone(), max_body };
     let public = http::public::Public {
         turns: turns.clone(),
@@ -276,10 +281,10 @@ async fn serve_listeners(parts: &Parts, max_body: usize, listeners: Listeners, s
         node_id: parts.node_id.clone(),
     };
     tokio::join!(
-        http::server::serve(listeners.public, http::public::router(public), shutdown.clone()),
-        http::server::serve(listeners.peer, http::peer::router(peer), shutdown.clone()),
-        http::server::serve(listeners.agent, http::agent::router(agent), shutdown.clone()),
-        http::server::serve(listeners.admin, http::admin::router(admin), shutdown),
+        http::server::serve(listeners.public, http::public::router(public), shutdown.clone(), cap),
+        http::server::serve(listeners.peer, http::peer::router(peer), shutdown.clone(), cap),
+        http::server::serve(listeners.agent, http::agent::router(agent), shutdown.clone(), cap),
+        http::server::serve(listeners.admin, http::admin::router(admin), shutdown, cap),
     );
 }
 
@@ -367,7 +372,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let server = tokio::spawn({
         let (parts, shutdown) = (parts.clone(), shutdown.clone());
-        async move { serve_listeners(&parts, config.args.max_body_bytes, listeners, shutdown).await }
+        let args = config.args.clone();
+        async move { serve_listeners(&parts, &args, listeners, shutdown).await }
     });
     tracing::info!(node_id = %config.node_id, peer = %config.advertise_peer_addr, "ready to serve");
 

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     drain::Drain,
-    observe::Observe,
+    observe::{NotOpened, Observe},
     ownership::Ownership,
     turn::{directive::Refusal, Door, Kind},
 };
@@ -61,6 +61,7 @@ async fn observe(
     let after = stream::after(&headers, &query)?;
     Ok(match public.observe.open(key, after) {
         Ok(reading) => stream::sse(reading),
+        Err(NotOpened::Overloaded) => reply::refusal(&Refusal::Overloaded),
         Err(_) => reply::refusal(&Refusal::Draining { drain_timeout: public.drain.timeout }),
     })
 }

@@ -2,15 +2,20 @@
 //! cannot hold a connection open forever, oversized headers are refused, and shutdown is
 //! graceful.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::head_timer::{self, HeadTimeouts};
+use crate::turn::directive::Refusal;
 
 /// A client must send its request headers within this of their first byte, or of
 /// connecting for a connection's first request (slowloris protection).
@@ -26,9 +31,71 @@ pub const GRACEFUL_SHUTDOWN: Duration = Duration::from_secs(1);
 /// Back-off after a failed accept (e.g. out of file descriptors) so we do not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) {
+/// Connections answered `503 overloaded` at once while a listener is at its cap; past
+/// this many such answers in flight, further connections are closed unanswered.
+const MAX_REFUSALS_IN_FLIGHT: usize = 256;
+/// A refused connection's request head is awaited this long before the answer goes out
+/// (an HTTP client takes an answer that comes before its request as a broken exchange)...
+const REFUSAL_HEAD_WAIT: Duration = Duration::from_millis(200);
+/// ...writing the canned `overloaded` answer may take this long...
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// ...and then what the client still sends is read for this long before the close, so
+/// the close is not a reset that loses the answer on its way.
+const REFUSAL_LINGER: Duration = Duration::from_millis(100);
+/// At most this much of a refused connection's request is read and dropped.
+const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
+
+/// Serve `router` on `listener` with at most `max_connections` open at once.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    max_connections: usize,
+) {
     let timeouts = HeadTimeouts { header_read: HEADER_READ_TIMEOUT, idle: IDLE_TIMEOUT };
-    serve_with(listener, router, shutdown, timeouts).await;
+    serve_with(listener, router, shutdown, timeouts, max_connections).await;
+}
+
+/// The answer to a connection over the cap: `503` with the `overloaded` directive.
+fn overloaded_answer() -> Vec<u8> {
+    let refusal = Refusal::Overloaded;
+    let body = serde_json::to_string(&refusal.body()).expect("a refusal serializes");
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {}\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        refusal.retry_after_secs(),
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Read and drop what `stream` sends, up to the end of a request head (or `limit` bytes,
+/// or the end of the stream).
+async fn read_head(stream: &mut TcpStream, limit: usize) {
+    let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+    while seen.len() < limit && !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Answer a connection over the cap, bounded in time and in how many are answered at once.
+fn refuse(mut stream: TcpStream, refusals: &Arc<Semaphore>) {
+    let Ok(permit) = refusals.clone().try_acquire_owned() else { return }; // closed unanswered
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(REFUSAL_HEAD_WAIT, read_head(&mut stream, REFUSAL_DRAIN_BYTES)).await;
+        let answer = overloaded_answer();
+        let written = async {
+            stream.write_all(&answer).await?;
+            stream.shutdown().await
+        };
+        if let Ok(Ok(())) = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, written).await {
+            let _ = tokio::time::timeout(REFUSAL_LINGER, read_head(&mut stream, REFUSAL_DRAIN_BYTES)).await;
+        }
+        drop(permit);
+    });
 }
 
 /// [`serve`] with other bounds on waiting for a request head.
@@ -37,7 +104,10 @@ pub async fn serve_with(
     router: Router,
     shutdown: CancellationToken,
     timeouts: HeadTimeouts,
+    max_connections: usize,
 ) {
+    let open = Arc::new(Semaphore::new(max_connections));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
     let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(BODY_READ_TIMEOUT));
     // HTTP/1 only: hyper-util's auto builder first waits, without a bound, for bytes to
     // tell HTTP/1 from HTTP/2, so a connection that sends nothing would be kept forever.
@@ -59,6 +129,10 @@ pub async fn serve_with(
                 }
             },
         };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            refuse(stream, &refusals);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let (stream, timer) = head_timer::watch(stream, timeouts);
@@ -68,6 +142,7 @@ pub async fn serve_with(
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(permit);
         });
     }
     // Refuse new connections now (a clean "not connected" for a forwarder) rather than

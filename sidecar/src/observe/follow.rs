@@ -12,8 +12,11 @@ use leasehold_core::{store::Holder, Epoch, EventId, SessionKey};
 use super::{sse, Hubs};
 use crate::{forward::Forwarder, metrics::Metrics, ownership::Ownership};
 
-/// Without a notification, re-check ownership this often (missed NOTIFY, idle sessions).
-const RECHECK: Duration = Duration::from_secs(1);
+/// Without a notification, re-check ownership this often. Every change of a session's
+/// owner is notified (a claim, takeover, release, hand-back or revocation; a lost LISTEN
+/// connection re-checks everything), so this is only a backstop: a node's idle and owned
+/// sessions cost no database reads while nothing changes.
+const RECHECK: Duration = Duration::from_secs(30);
 /// Pause before retrying after the store or the owner could not be reached.
 const RETRY: Duration = Duration::from_millis(250);
 
@@ -91,8 +94,11 @@ impl Follow {
                 return wait(changes, RETRY).await;
             }
             Err(e) => {
+                // Its lease is live but it does not answer (dead, frozen, partitioned):
+                // nothing changes before the lease runs out or someone takes over
+                // (notified), so wait for that instead of re-reading the lease.
                 tracing::debug!(%key, error = %e, "owner stream unreachable");
-                return wait(changes, RETRY).await;
+                return wait(changes, holder.remaining.clamp(RETRY, RECHECK)).await;
             }
         };
         let mut frames = sse::parse(response.bytes_stream());

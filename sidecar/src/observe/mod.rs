@@ -22,7 +22,7 @@ use tokio::sync::{broadcast, watch};
 
 pub use self::{
     follow::Follow,
-    stream::{Observe, Reading},
+    stream::{NotOpened, Observe, Reading, StreamLimits},
 };
 
 /// Events kept per session for late joiners: the current turn and a tail before it...
@@ -249,12 +249,18 @@ impl Hubs {
         self.with(key, Hub::mark_primed);
     }
 
-    /// Register a public observer. Returns true if a follower must be started.
-    pub fn observer_joined(&self, key: &SessionKey) -> bool {
-        self.observers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// Register a public observer within `limits`: `None` when the node or the session
+    /// already has as many as allowed (nothing registered), else whether a follower must
+    /// be started. Decided under the hubs' lock, so concurrent joins cannot overshoot.
+    pub fn observer_joined(&self, key: &SessionKey, limits: StreamLimits) -> Option<bool> {
+        use std::sync::atomic::Ordering::Relaxed;
         self.with(key, |hub| {
+            if self.observers.load(Relaxed) >= limits.per_node || hub.observers >= limits.per_session {
+                return None;
+            }
+            self.observers.fetch_add(1, Relaxed);
             hub.observers += 1;
-            !std::mem::replace(&mut hub.following, true)
+            Some(!std::mem::replace(&mut hub.following, true))
         })
     }
 

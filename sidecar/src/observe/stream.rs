@@ -40,6 +40,14 @@ pub struct Observe {
     pub ownership: Arc<Ownership>,
     pub metrics: Arc<Metrics>,
     pub draining: watch::Receiver<bool>,
+    pub limits: StreamLimits,
+}
+
+/// How many `/stream`s this node keeps open.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    pub per_node: usize,
+    pub per_session: usize,
 }
 
 /// Why a stream was not opened.
@@ -49,6 +57,8 @@ pub enum NotOpened {
     Draining,
     /// A follower asked a node that does not own the session.
     NotOwner,
+    /// A stream limit is reached (`503 overloaded`).
+    Overloaded,
 }
 
 impl Observe {
@@ -61,10 +71,14 @@ impl Observe {
         if *self.draining.borrow() {
             return Err(NotOpened::Draining);
         }
+        let Some(start_follower) = self.hubs.observer_joined(&key, self.limits) else {
+            self.metrics.stream_refused();
+            return Err(NotOpened::Overloaded);
+        };
         self.metrics.observers(1);
         let guard =
             ObserverGuard { hubs: self.hubs.clone(), metrics: self.metrics.clone(), key: key.clone() };
-        if self.hubs.observer_joined(&key) {
+        if start_follower {
             self.follow.start(key.clone());
         }
         Ok(self.reading(key, sub, after, Reader::Observer, Some(guard)))

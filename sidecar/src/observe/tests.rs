@@ -44,18 +44,35 @@ fn stale_epochs_and_duplicates_are_never_ingested() {
     assert_eq!(got, ["2-1", "2-2"]);
 }
 
+const ROOMY: StreamLimits = StreamLimits { per_node: 100, per_session: 100 };
+
 #[test]
 fn the_first_observer_starts_a_follower_and_the_last_lets_it_go() {
     let hubs = Hubs::default();
-    assert!(hubs.observer_joined(&key()), "first observer: start following");
-    assert!(!hubs.observer_joined(&key()), "second observer: the same follower serves it");
+    assert_eq!(hubs.observer_joined(&key(), ROOMY), Some(true), "first observer: start following");
+    assert_eq!(hubs.observer_joined(&key(), ROOMY), Some(false), "second: the same follower serves it");
     assert_eq!(hubs.observer_count(), 2);
     hubs.observer_left(&key());
     assert!(!hubs.follower_done(&key(), false), "one observer is still there");
     hubs.observer_left(&key());
     assert!(hubs.follower_done(&key(), false));
     assert_eq!(hubs.observer_count(), 0);
-    assert!(hubs.observer_joined(&key()), "following starts again");
+    assert_eq!(hubs.observer_joined(&key(), ROOMY), Some(true), "following starts again");
+}
+
+#[test]
+fn observers_past_a_limit_are_refused_and_not_counted() {
+    let hubs = Hubs::default();
+    let limits = StreamLimits { per_node: 3, per_session: 2 };
+    let other = SessionKey::parse("other").unwrap();
+    assert!(hubs.observer_joined(&key(), limits).is_some());
+    assert!(hubs.observer_joined(&key(), limits).is_some());
+    assert_eq!(hubs.observer_joined(&key(), limits), None, "per session");
+    assert!(hubs.observer_joined(&other, limits).is_some());
+    assert_eq!(hubs.observer_joined(&other, limits), None, "per node");
+    assert_eq!(hubs.observer_count(), 3, "refusals are not counted");
+    hubs.observer_left(&key());
+    assert!(hubs.observer_joined(&other, limits).is_some(), "room again");
 }
 
 #[test]

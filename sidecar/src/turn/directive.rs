@@ -19,6 +19,9 @@ pub const DRAINING_DELAY: Duration = Duration::from_millis(25);
 pub const STORE_DELAY: Duration = Duration::from_secs(1);
 /// How long clients keep retrying a store outage before surfacing it.
 pub const STORE_BUDGET: Duration = Duration::from_secs(30);
+/// A limit of this pod is reached: wait long enough for connections or streams to end,
+/// short enough that a client moved to another pod by its load balancer barely notices.
+pub const OVERLOADED_DELAY: Duration = Duration::from_millis(1000);
 /// The agent container is not accepting connections (restarting); it is local, so a
 /// short wait suffices.
 pub const AGENT_DELAY: Duration = Duration::from_millis(500);
@@ -38,6 +41,9 @@ pub enum Refusal {
     Fenced { ttl: Duration },
     /// The local agent container refused the connection; the turn did not start.
     AgentUnavailable,
+    /// A connection or stream limit of this pod is reached: try again shortly (through
+    /// the load balancer, likely another pod).
+    Overloaded,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -53,6 +59,7 @@ impl Refusal {
             Refusal::OwnerUnreachable { .. } => "owner_unreachable",
             Refusal::Fenced { .. } => "fenced",
             Refusal::AgentUnavailable => "agent_unavailable",
+            Refusal::Overloaded => "overloaded",
         }
     }
 
@@ -66,6 +73,7 @@ impl Refusal {
             Refusal::OwnerUnreachable { ttl } => (ttl / 3, ttl * 3),
             Refusal::Fenced { ttl } => (FENCED_DELAY, ttl * 2),
             Refusal::AgentUnavailable => (AGENT_DELAY, STORE_BUDGET),
+            Refusal::Overloaded => (OVERLOADED_DELAY, STORE_BUDGET),
         };
         Retry { delay_ms: ms(delay).max(1), budget_ms: ms(budget).max(ms(delay)) }
     }
@@ -102,6 +110,7 @@ mod tests {
             Refusal::OwnerUnreachable { ttl: TTL },
             Refusal::Fenced { ttl: TTL },
             Refusal::AgentUnavailable,
+            Refusal::Overloaded,
         ] {
             let retry = r.retry();
             assert!(retry.delay_ms >= 1 && retry.budget_ms >= retry.delay_ms, "{r:?}");

@@ -28,12 +28,62 @@ impl Drop for Server {
 }
 
 async fn server(header_read: Duration, idle: Duration) -> Server {
+    server_capped(header_read, idle, 1024).await
+}
+
+async fn server_capped(header_read: Duration, idle: Duration, max_connections: usize) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let router = Router::new().route("/ok", get(|| async { "ok" }));
-    tokio::spawn(serve_with(listener, router, shutdown.clone(), HeadTimeouts { header_read, idle }));
+    let timeouts = HeadTimeouts { header_read, idle };
+    tokio::spawn(serve_with(listener, router, shutdown.clone(), timeouts, max_connections));
     Server { addr, shutdown }
+}
+
+/// At its cap a listener answers a further connection `503 overloaded` with its directive
+/// and closes it, queueing nothing; a slot freed is served again.
+#[tokio::test]
+async fn a_connection_over_the_cap_is_answered_overloaded_at_once() {
+    let server = server_capped(Duration::from_secs(5), Duration::from_secs(5), 2).await;
+    let mut first = TcpStream::connect(server.addr).await.unwrap();
+    let mut second = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(exchange(&mut first).await, "HTTP/1.1 200 OK");
+    assert_eq!(exchange(&mut second).await, "HTTP/1.1 200 OK");
+    let mut third = TcpStream::connect(server.addr).await.unwrap();
+    let (waited, answer) = closed(&mut third).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1") && answer.contains(r#""error":"overloaded""#), "{answer}");
+    assert!(answer.contains(r#""retry":{"delay_ms":1000"#), "{answer}");
+    assert!(waited < Duration::from_secs(1), "answered at once, not queued: {waited:?}");
+    drop(first);
+    let deadline = Instant::now() + NEVER;
+    loop {
+        let mut again = TcpStream::connect(server.addr).await.unwrap();
+        again.write_all(REQUEST).await.unwrap();
+        let (_, answer) = closed_or_answered(&mut again).await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed slot was never served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first answer on `conn` (up to an `ok` body or the close).
+async fn closed_or_answered(conn: &mut TcpStream) -> (Duration, String) {
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 512];
+    while !answer.ends_with(b"\r\n\r\nok") {
+        let n = tokio::time::timeout(NEVER, conn.read(&mut buf)).await.expect("an answer").unwrap();
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+    }
+    (started.elapsed(), String::from_utf8_lossy(&answer).into_owned())
 }
 
 /// One exchange on `conn`: the status line of the answer, read up to its `ok` body.

@@ -1,0 +1,149 @@
+//! A node under floods of connections and streams stays bounded and ready: past its caps
+//! it answers `503 overloaded` with a retry directive and queues nothing; observers of
+//! idle sessions cost the database no periodic reads.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use localcluster::{Cluster, ClusterOptions, Node};
+use serde_json::json;
+use sqlx::Connection;
+
+const MAX_CONNECTIONS: usize = 300;
+const MAX_STREAMS: usize = 200;
+const MAX_STREAMS_PER_SESSION: usize = 50;
+
+fn limited() -> Vec<(String, String)> {
+    [
+        ("LEASEHOLD_MAX_CONNECTIONS", MAX_CONNECTIONS),
+        ("LEASEHOLD_MAX_STREAMS", MAX_STREAMS),
+        ("LEASEHOLD_MAX_STREAMS_PER_SESSION", MAX_STREAMS_PER_SESSION),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_string()))
+    .to_vec()
+}
+
+/// Open a stream of `key` on `node`: the response (streaming, kept open while held).
+async fn stream(http: &reqwest::Client, node: &Node, key: &str) -> reqwest::Response {
+    http.get(format!("{}/v1/sessions/{key}/stream", node.public_url())).send().await.unwrap()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+async fn transactions(db: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay_bounded() {
+    const SESSIONS: usize = 160;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options =
+        ClusterOptions { nodes: 2, sidecar_env: vec![vec![], limited()], ..ClusterOptions::default() };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    // Sessions turned on node-a, then released: idle, no owner.
+    let http = reqwest::Client::new();
+    for i in 0..SESSIONS {
+        let turn = http.post(format!("{}/v1/sessions/s-{i}/turns", a.public_url()));
+        assert_eq!(
+            turn.body(json!({"text": "x", "tokens": 0}).to_string()).send().await.unwrap().status(),
+            200
+        );
+        assert!(http
+            .post(format!("{}/sessions/s-{i}/release", a.agent_url()))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success());
+    }
+
+    // Streams: per session, then per node.
+    let mut open = Vec::new();
+    for _ in 0..MAX_STREAMS_PER_SESSION {
+        let response = stream(&http, b, "s-0").await;
+        assert_eq!(response.status(), 200);
+        open.push(response);
+    }
+    let refused = stream(&http, b, "s-0").await;
+    assert_eq!(refused.status(), 503, "past the per-session limit");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        (body["error"].as_str(), body["retry"]["delay_ms"].as_u64()),
+        (Some("overloaded"), Some(1000))
+    );
+    let mut refusals = 1;
+    for i in 1..SESSIONS {
+        let response = stream(&http, b, &format!("s-{i}")).await;
+        if open.len() < MAX_STREAMS {
+            assert_eq!(response.status(), 200, "s-{i}");
+            open.push(response);
+        } else {
+            assert_eq!(response.status(), 503, "s-{i}: past the node limit");
+            refusals += 1;
+        }
+    }
+    assert!(refusals > 1, "the node limit was reached");
+    assert_eq!(b.metric("leasehold_observers", "").await, MAX_STREAMS as f64);
+    assert_eq!(b.metric("leasehold_streams_refused_total", "").await, refusals as f64);
+
+    // Followers of idle sessions cost no periodic database reads (they wait for a
+    // notification): count the transactions of the whole test database for 5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await; // followers settled (idle announced)
+    let mut watcher = sqlx::PgConnection::connect(&db).await.unwrap();
+    let before = transactions(&mut watcher).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = transactions(&mut watcher).await - before;
+    eprintln!(
+        "{} observed idle sessions: {during} transactions in 5 s",
+        MAX_STREAMS - MAX_STREAMS_PER_SESSION + 1
+    );
+    // Two heartbeats a second per node and this query; a read per observed session per
+    // second (as before) would be ~750.
+    assert!(during < 100, "{during} transactions in 5 s with nothing happening");
+
+    // Connections: 1000 more to node-b's public port, past its cap of 300 (200 are the
+    // streams): file descriptors stay bounded, those past the cap are answered
+    // `overloaded`, and node-b stays ready.
+    let fds_before = open_fds(b.sidecar.pid());
+    let mut flood = Vec::new();
+    for _ in 0..1000 {
+        if let Ok(conn) = tokio::net::TcpStream::connect((b.ip, localcluster::cluster::PUBLIC_PORT)).await {
+            flood.push(conn);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fds = open_fds(b.sidecar.pid());
+    eprintln!("node-b fds: {fds_before} with the streams, {fds} with 1000 more connections");
+    assert!(fds <= fds_before + (MAX_CONNECTIONS - MAX_STREAMS) + 100, "{fds} fds open");
+    let ready = http.get(format!("{}/readyz", b.admin_url())).send().await.unwrap().status();
+    assert_eq!(ready, 200, "node-b stays ready");
+    // A new connection (not one already admitted and pooled) past the cap.
+    let fresh = reqwest::Client::new();
+    let turn =
+        fresh.post(format!("{}/v1/sessions/s-1/turns", b.public_url())).body("{}").send().await.unwrap();
+    assert_eq!(turn.status(), 503, "a request past the cap is refused, not queued");
+    let body: serde_json::Value = turn.json().await.unwrap();
+    assert_eq!(body["error"], "overloaded");
+
+    drop(flood);
+    drop(open);
+    let served_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let turn = http.post(format!("{}/v1/sessions/s-1/turns", b.public_url())).body("{}").send().await;
+        if turn.is_ok_and(|t| t.status() == 200) {
+            break;
+        }
+        assert!(Instant::now() < served_by, "node-b never served again after the flood");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
