@@ -14,7 +14,8 @@ const CLAIM_ATTEMPTS: u32 = 5;
 
 /// Claim `$1` for owner `$2`, the four cases of CONTRACT §7 in one statement:
 ///
-/// 1. no row                   → INSERT, epoch 1;
+/// 1. no row                   → INSERT, epoch 1 (one above the epoch floor: the highest
+///    epoch retention ever deleted, 0 until it deleted one);
 /// 2. own row, live            → kept, epoch unchanged (`acquired` false);
 /// 3. row not live (released, or its owner's node lease expired/revoked; own or another's)
 ///    → taken over, epoch + 1;
@@ -37,7 +38,7 @@ WITH me AS (
 ),
 won AS (
     INSERT INTO agent_leases AS l (agent_key, owner, epoch, released, acquired_at, updated_at)
-    SELECT $1, me.owner, 1, false, now(), now() FROM me
+    SELECT $1, me.owner, (SELECT floor FROM agent_epoch_floor) + 1, false, now(), now() FROM me
     ON CONFLICT (agent_key) DO UPDATE
     SET epoch       = CASE WHEN l.owner = EXCLUDED.owner AND NOT l.released
                            THEN l.epoch ELSE l.epoch + 1 END,
@@ -50,7 +51,7 @@ won AS (
        OR l.released
        OR EXISTS (SELECT 1 FROM agent_nodes n
                   WHERE n.owner = l.owner AND n.expires_at <= now())
-    RETURNING l.epoch, l.acquired_at = now() AS acquired
+    RETURNING l.epoch, l.acquired_at = now() AS acquired, l.xmax = 0 AS inserted
 ),
 holder AS (
     SELECT l.owner, l.epoch, n.peer_addr,
@@ -60,7 +61,7 @@ holder AS (
       AND NOT EXISTS (SELECT 1 FROM won)
 )
 SELECT EXISTS (SELECT 1 FROM me) AS me_live,
-       won.epoch AS won_epoch, won.acquired,
+       won.epoch AS won_epoch, won.acquired, won.inserted,
        holder.owner AS holder_owner, holder.epoch AS holder_epoch,
        holder.peer_addr, holder.remaining_ms
 FROM (SELECT 1) AS one
@@ -103,7 +104,8 @@ GROUP BY n.node_id
 /// What a claim did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// Case 1: there was no lease; we hold epoch 1.
+    /// Case 1: there was no lease; we hold its first epoch (1, or one above the epoch
+    /// floor once retention has deleted sessions).
     Claimed { epoch: Epoch },
     /// Case 2: we already held it; epoch unchanged.
     Extended { epoch: Epoch },
@@ -173,10 +175,10 @@ pub async fn claim_once<'e>(
     }
     if let Some(epoch) = row.get::<Option<i64>, _>("won_epoch") {
         let epoch = Epoch(epoch);
-        let claim = match (row.get::<bool, _>("acquired"), epoch) {
+        let claim = match (row.get::<bool, _>("acquired"), row.get::<bool, _>("inserted")) {
             (false, _) => Claim::Extended { epoch },
-            (true, Epoch(1)) => Claim::Claimed { epoch },
-            (true, _) => Claim::TookOver { epoch },
+            (true, true) => Claim::Claimed { epoch },
+            (true, false) => Claim::TookOver { epoch },
         };
         return Ok(Some(claim));
     }

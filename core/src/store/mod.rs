@@ -8,6 +8,7 @@ pub mod checkpoints;
 pub mod leases;
 pub mod nodes;
 pub mod notify;
+pub mod retention;
 
 use std::time::Duration;
 
