@@ -4,6 +4,7 @@
 
 pub mod bare_proxy;
 pub mod blackhole;
+pub mod chaos;
 pub mod cluster;
 pub mod link;
 pub mod observer;

@@ -1,0 +1,221 @@
+//! One session's client: sequential turns, each with a unique text, sent round-robin over
+//! the nodes' public ports. It obeys retry directives (re-sends after `delay_ms`, gives up
+//! after `budget_ms`) and never re-sends a request that may have been received: a timeout
+//! or a broken connection after sending, a body cut short, and `502 owner_failed` are
+//! recorded as ambiguous and the session moves on. Only a refused connection (nothing was
+//! sent) goes to the next node at once.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use leasehold_core::directive::{directive_in, Obeying};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::record::{turn_text, Ack, Outcome, SessionLog, TurnRecord};
+
+/// A node that does not accept a connection within this is down: nothing was sent.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longer than the longest freeze a run injects (2 TTLs) plus a forwarded turn's bound
+/// when its owner freezes (about 3 TTLs): an answer still missing after this is ambiguous.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// A turn thinks up to this long, so faults land in the middle of turns too.
+const MAX_THINK_MS: u64 = 150;
+/// Up to this long between a session's turns, so the cluster is busy but not saturated.
+const MAX_TURN_GAP_MS: u64 = 100;
+/// How much of an unexpected body a record keeps.
+const BODY_EXCERPT: usize = 200;
+
+/// A session's log, shared with the run so that a turn in flight when the run ends is
+/// still seen (as `Pending`).
+pub type SharedLog = Arc<Mutex<SessionLog>>;
+
+/// The client of one session.
+#[derive(Debug)]
+pub struct Driver {
+    key: String,
+    nodes: Vec<String>,
+    http: reqwest::Client,
+    next_node: usize,
+    rng: StdRng,
+    log: SharedLog,
+}
+
+impl Driver {
+    /// The client of session `key` over `nodes` (public base URLs), starting at node
+    /// `first`; `seed` varies its think times and pauses.
+    pub fn new(key: &str, nodes: Vec<String>, first: usize, seed: u64) -> reqwest::Result<Driver> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            // A fresh connection per request: a pooled one to a process that died since
+            // would fail after sending, and be recorded as ambiguous for no reason.
+            .pool_max_idle_per_host(0)
+            .build()?;
+        let log = Arc::new(Mutex::new(SessionLog { key: key.to_owned(), turns: Vec::new() }));
+        Ok(Driver {
+            key: key.to_owned(),
+            nodes,
+            http,
+            next_node: first,
+            rng: StdRng::seed_from_u64(seed),
+            log,
+        })
+    }
+
+    pub fn log(&self) -> SharedLog {
+        self.log.clone()
+    }
+
+    /// Send turns one after another until `stop` turns true (checked between turns).
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut n = 0;
+        while !*stop.borrow_and_update() {
+            n += 1;
+            let text = turn_text(&self.key, n);
+            let record =
+                TurnRecord { n, text: text.clone(), directives: Vec::new(), outcome: Outcome::Pending };
+            let at = self.with_log(|log| {
+                log.turns.push(record);
+                log.turns.len() - 1
+            });
+            let (outcome, directives) = self.turn(&text).await;
+            self.with_log(|log| {
+                log.turns[at].outcome = outcome;
+                log.turns[at].directives = directives;
+            });
+            let gap = Duration::from_millis(self.rng.random_range(0..=MAX_TURN_GAP_MS));
+            tokio::select! {
+                _ = tokio::time::sleep(gap) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    fn with_log<T>(&self, f: impl FnOnce(&mut SessionLog) -> T) -> T {
+        f(&mut self.log.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    fn next_url(&mut self) -> String {
+        let node = &self.nodes[self.next_node % self.nodes.len()];
+        self.next_node += 1;
+        format!("{node}/v1/sessions/{}/turns", self.key)
+    }
+
+    /// One turn to its final outcome, and the directives obeyed on the way.
+    async fn turn(&mut self, text: &str) -> (Outcome, Vec<String>) {
+        let think_ms = self.rng.random_range(0..=MAX_THINK_MS);
+        let body = json!({ "text": text, "think_ms": think_ms, "tokens": 2 }).to_string();
+        let mut obeying = Obeying::default();
+        let mut refused_connections = 0;
+        loop {
+            let url = self.next_url();
+            let sent = self
+                .http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await;
+            let response = match sent {
+                Ok(response) => response,
+                Err(e) if e.is_connect() => {
+                    refused_connections += 1;
+                    if refused_connections == self.nodes.len() {
+                        return (
+                            Outcome::Refused("no node accepted a connection".into()),
+                            obeying.directives,
+                        );
+                    }
+                    continue;
+                }
+                Err(e) => return (Outcome::Ambiguous(describe(&e)), obeying.directives),
+            };
+            refused_connections = 0;
+            let status = response.status().as_u16();
+            let body = match response.bytes().await {
+                Ok(body) => body,
+                Err(e) => {
+                    return (
+                        Outcome::Ambiguous(format!("{status}, then {}", describe(&e))),
+                        obeying.directives,
+                    )
+                }
+            };
+            let Some(refusal) = directive_in(status, &body) else {
+                return (classify(status, &body), obeying.directives);
+            };
+            match obeying.obey(refusal) {
+                Ok(delay) => tokio::time::sleep(delay).await,
+                Err(last) => {
+                    let reason =
+                        format!("gave up on {}: {} directives obeyed", last.error, obeying.directives.len());
+                    return (Outcome::Refused(reason), obeying.directives);
+                }
+            }
+        }
+    }
+}
+
+/// The outcome of an answer that carries no directive.
+pub fn classify(status: u16, body: &[u8]) -> Outcome {
+    let unexpected = || Outcome::Unexpected { status, body: excerpt(body) };
+    match status {
+        200 => {
+            serde_json::from_slice::<Ack>(body).map(Outcome::Acknowledged).unwrap_or_else(|_| unexpected())
+        }
+        502 => {
+            let error = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_owned));
+            match error.as_deref() {
+                Some("owner_failed") => Outcome::Ambiguous("502 owner_failed".into()),
+                _ => unexpected(),
+            }
+        }
+        _ => unexpected(),
+    }
+}
+
+fn excerpt(body: &[u8]) -> String {
+    String::from_utf8_lossy(body).chars().take(BODY_EXCERPT).collect()
+}
+
+/// Why a request that may have been received failed, in a few words.
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out after sending".into()
+    } else {
+        format!("broken after sending: {e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_without_a_directive_are_classified() {
+        let ack = br#"{"history_len":3,"epoch":2,"node":"node-b"}"#;
+        assert_eq!(
+            classify(200, ack),
+            Outcome::Acknowledged(Ack { history_len: 3, epoch: 2, node: "node-b".into() })
+        );
+        assert_eq!(
+            classify(502, br#"{"error":"owner_failed"}"#),
+            Outcome::Ambiguous("502 owner_failed".into())
+        );
+        for (status, body) in [
+            (502, &br#"{"error":"sidecar_unreachable"}"#[..]),
+            (503, br#"{"error":"store_unavailable"}"#),
+            (500, b"oops"),
+            (409, br#"{"error":"busy"}"#),
+            (200, b"{}"),
+        ] {
+            assert!(matches!(classify(status, body), Outcome::Unexpected { .. }), "{status}");
+        }
+    }
+}

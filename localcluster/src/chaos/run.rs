@@ -1,0 +1,186 @@
+//! A whole run: the testbed, one driver per session, the schedule injected fault after
+//! fault, then the cluster healed, the clients stopped, and the histories checked.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use tokio::{sync::watch, task::JoinSet, time::Instant};
+
+use super::{
+    checker,
+    driver::{Driver, SharedLog},
+    inject::inject,
+    record::SessionLog,
+    report::{tallies, Report, Turns},
+    schedule::{self, FaultKind},
+    testbed::Testbed,
+};
+use crate::{Blackhole, ClusterOptions};
+
+/// Sessions get going before the first fault.
+const WARM_UP: Duration = Duration::from_secs(1);
+/// After the last fault, the healed cluster serves this many TTLs before the clients
+/// stop, so every session has turns after the aftermath.
+const QUIET_TTLS: u32 = 2;
+/// The longest a turn can still take once the clients are told to stop: the largest
+/// directive budget (30 s for `store_unavailable`) plus one request timeout (15 s), with
+/// margin. Clients still busy after it are abandoned; their turn counts as pending.
+const STOP_GRACE: Duration = Duration::from_secs(60);
+/// After the clients stop, a turn one of them gave up waiting for may still be running
+/// or being fenced somewhere; this many TTLs and it has ended either way.
+const SETTLE_TTLS: u32 = 2;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    pub seed: u64,
+    /// Faults in the schedule.
+    pub faults: usize,
+    pub sessions: usize,
+    /// Bound on the fault phase: the schedule stops early rather than overrun it.
+    pub duration: Duration,
+    /// The kinds to draw from; a kind this process cannot inject is left out (and said so).
+    pub kinds: Vec<FaultKind>,
+    pub cluster: ClusterOptions,
+    /// Print every turn that did not end acknowledged, as it ends.
+    pub verbose: bool,
+}
+
+impl ChaosOptions {
+    /// A 2 s lease renewed every 400 ms (as the fault tests' `short_lease_options`), so
+    /// faults past the TTL take seconds.
+    pub fn short_leases() -> ClusterOptions {
+        ClusterOptions {
+            lease_ttl: Duration::from_secs(2),
+            heartbeat: Duration::from_millis(400),
+            drain_timeout: Duration::from_secs(3),
+            ..ClusterOptions::default()
+        }
+    }
+
+    /// The run `make test` does: 32 faults (about 90 s), 6 sessions.
+    pub fn short(seed: u64) -> ChaosOptions {
+        ChaosOptions {
+            seed,
+            faults: 32,
+            sessions: 6,
+            duration: Duration::from_secs(140),
+            kinds: FaultKind::ALL.to_vec(),
+            cluster: Self::short_leases(),
+            verbose: false,
+        }
+    }
+}
+
+/// The kinds of `wanted` this process can inject, and the others with why not.
+fn usable(wanted: &[FaultKind]) -> (Vec<FaultKind>, Vec<(FaultKind, String)>) {
+    let mut kinds = Vec::new();
+    let mut skipped = Vec::new();
+    for &kind in wanted {
+        if kind == FaultKind::PeerPartition && !Blackhole::permitted() {
+            skipped.push((kind, "skipped: changing the firewall needs root".to_owned()));
+        } else {
+            kinds.push(kind);
+        }
+    }
+    (kinds, skipped)
+}
+
+/// Keep what a run with anomalies leaves behind (every process's log, the histories, the
+/// clients' logs) in a directory named for its seed, and say where.
+fn keep_evidence(bed: &Testbed, seed: u64, histories: &BTreeMap<String, Vec<String>>, logs: &[SessionLog]) {
+    let dir = std::env::temp_dir().join(format!("leasehold-chaos-{seed}-{}", std::process::id()));
+    let kept = bed.keep_logs(&dir).and_then(|()| {
+        std::fs::write(dir.join("histories.txt"), format!("{histories:#?}"))?;
+        std::fs::write(dir.join("clients.txt"), format!("{logs:#?}"))
+    });
+    match kept {
+        Ok(()) => eprintln!("chaos: logs, histories and client logs kept in {}", dir.display()),
+        Err(e) => eprintln!("chaos: could not keep the logs in {}: {e}", dir.display()),
+    }
+}
+
+/// Run it. `Err` only when the testbed could not be set up or healed; anomalies are in
+/// the report.
+pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
+    let (kinds, skipped) = usable(&options.kinds);
+    anyhow::ensure!(!kinds.is_empty(), "no fault kind left to inject: {skipped:?}");
+    let cluster = options.cluster.clone();
+    let (ttl, nodes) = (cluster.lease_ttl, cluster.nodes);
+    let schedule = schedule::generate(options.seed, options.faults, &kinds, nodes, ttl);
+    let started = Instant::now();
+    let stamp = move || format!("[{:>7.1}s]", started.elapsed().as_secs_f64());
+
+    let mut bed = Testbed::start(cluster.clone()).await?;
+    eprintln!("{} cluster ready: {} nodes, store {}", stamp(), nodes, bed.database_url);
+    let (stop, stopped) = watch::channel(false);
+    let mut clients = JoinSet::new();
+    let mut logs: Vec<SharedLog> = Vec::new();
+    for i in 0..options.sessions {
+        let seed = options.seed.wrapping_add(i as u64 + 1);
+        let driver = Driver::new(&format!("s{i}"), bed.public_urls(), i, seed)?;
+        logs.push(driver.log());
+        clients.spawn(driver.run(stopped.clone()));
+    }
+    tokio::time::sleep(WARM_UP).await;
+
+    let mut faults = BTreeMap::new();
+    let mut fault_errors = Vec::new();
+    let fault_phase = Instant::now();
+    for (i, fault) in schedule.iter().enumerate() {
+        if fault_phase.elapsed() + fault.gap + fault.hold > options.duration {
+            eprintln!("{} the duration ({:?}) ends the schedule after {i} faults", stamp(), options.duration);
+            break;
+        }
+        tokio::time::sleep(fault.gap).await;
+        eprintln!("{} fault {}/{}: {fault}", stamp(), i + 1, schedule.len());
+        *faults.entry(fault.kind).or_default() += 1;
+        if let Err(e) = inject(&mut bed, fault).await {
+            eprintln!("{} fault {}: {e}", stamp(), i + 1);
+            fault_errors.push(format!("fault {} ({fault}): {e}", i + 1));
+        }
+    }
+
+    bed.heal().await?;
+    eprintln!("{} healed; the clients run on for {QUIET_TTLS} TTLs", stamp());
+    tokio::time::sleep(ttl * QUIET_TTLS).await;
+    stop.send_replace(true);
+    let all_stopped =
+        tokio::time::timeout(STOP_GRACE, async { while clients.join_next().await.is_some() {} });
+    if all_stopped.await.is_err() {
+        eprintln!("{} clients still busy after {STOP_GRACE:?}: their turns count as pending", stamp());
+        clients.abort_all();
+    }
+    tokio::time::sleep(ttl * SETTLE_TTLS).await;
+
+    let histories = bed.histories().await?;
+    let logs: Vec<SessionLog> =
+        logs.iter().map(|log| log.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()).collect();
+    if options.verbose {
+        for turn in logs.iter().flat_map(|log| &log.turns) {
+            if !matches!(turn.outcome, super::record::Outcome::Acknowledged(_)) {
+                eprintln!("  {}: {:?} after {:?}", turn.text, turn.outcome, turn.directives);
+            }
+        }
+    }
+    let anomalies = checker::check(&histories, &logs);
+    if !anomalies.is_empty() {
+        keep_evidence(&bed, options.seed, &histories, &logs);
+    }
+    let (directives, reasons) = tallies(&logs);
+    Ok(Report {
+        seed: options.seed,
+        nodes,
+        sessions: options.sessions,
+        lease_ttl: ttl,
+        heartbeat: cluster.heartbeat,
+        elapsed: started.elapsed(),
+        planned: schedule.len(),
+        faults,
+        fault_errors,
+        skipped,
+        turns: Turns::of(&logs),
+        directives,
+        reasons,
+        anomalies,
+    })
+}

@@ -1,0 +1,112 @@
+//! The cluster a chaos run works on, with the handles its faults need: a private Postgres
+//! (it can be stopped and started), and one cuttable [`Link`] per node between that node's
+//! sidecar and the store.
+
+use std::{collections::BTreeMap, path::Path, sync::Arc};
+
+use anyhow::Context;
+use sqlx::{Connection, PgConnection};
+
+use crate::{postgres::fresh_database, Cluster, ClusterOptions, Link, Postgres};
+
+/// Fields drop in order: the processes go first, then the links, then the store.
+#[derive(Debug)]
+pub struct Testbed {
+    pub cluster: Cluster,
+    /// `links[i]` carries node `i`'s connections to the store.
+    pub links: Vec<Link>,
+    postgres: Arc<Postgres>,
+    postgres_up: bool,
+    /// The store, reached directly (not through a link).
+    pub database_url: String,
+}
+
+impl Testbed {
+    /// A private Postgres, a fresh database on it, a link per node and the cluster, ready.
+    pub async fn start(options: ClusterOptions) -> anyhow::Result<Testbed> {
+        let postgres = Arc::new(tokio::task::spawn_blocking(Postgres::start).await??);
+        let database_url = fresh_database(postgres.url()).await.context("create the database")?;
+        let mut links = Vec::new();
+        for _ in 0..options.nodes {
+            links.push(Link::to_database(&database_url).await.context("start a store link")?);
+        }
+        let database_urls = links.iter().map(|link| Some(link.database_url(&database_url))).collect();
+        let cluster = Cluster::start(&database_url, ClusterOptions { database_urls, ..options }).await?;
+        Ok(Testbed { cluster, links, postgres, postgres_up: true, database_url })
+    }
+
+    pub fn public_urls(&self) -> Vec<String> {
+        self.cluster.nodes.iter().map(|n| n.public_url()).collect()
+    }
+
+    /// Stop the store (fast shutdown: every connection breaks).
+    pub async fn stop_postgres(&mut self) -> anyhow::Result<()> {
+        let postgres = self.postgres.clone();
+        self.postgres_up = false;
+        tokio::task::spawn_blocking(move || postgres.stop()).await?
+    }
+
+    /// Start the store again (same port, same data).
+    pub async fn start_postgres(&mut self) -> anyhow::Result<()> {
+        let postgres = self.postgres.clone();
+        tokio::task::spawn_blocking(move || postgres.restart()).await??;
+        self.postgres_up = true;
+        Ok(())
+    }
+
+    /// Undo whatever a fault may have left: the store up, every link mended, every process
+    /// running and not stopped; then wait until every node is ready.
+    pub async fn heal(&mut self) -> anyhow::Result<()> {
+        if !self.postgres_up {
+            self.start_postgres().await?;
+        }
+        for link in &self.links {
+            link.mend();
+        }
+        for node in &mut self.cluster.nodes {
+            node.resume();
+            if !node.sidecar.is_running() {
+                node.restart_sidecar();
+            }
+            if !node.agent.is_running() {
+                node.restart_agent();
+            }
+        }
+        for node in &mut self.cluster.nodes {
+            node.wait_ready().await?;
+        }
+        Ok(())
+    }
+
+    /// Every session's history, from its checkpoint (`{"history":[...]}`).
+    pub async fn histories(&self) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+        let mut conn = PgConnection::connect(&self.database_url).await?;
+        let rows: Vec<(String, Vec<u8>)> =
+            sqlx::query_as("SELECT agent_key, data FROM agent_checkpoints").fetch_all(&mut conn).await?;
+        let mut histories = BTreeMap::new();
+        for (key, data) in rows {
+            let state: serde_json::Value =
+                serde_json::from_slice(&data).with_context(|| format!("{key}: checkpoint is not JSON"))?;
+            let history = state["history"]
+                .as_array()
+                .with_context(|| format!("{key}: checkpoint has no history"))?
+                .iter()
+                .map(|entry| entry.as_str().map(str::to_owned).unwrap_or_else(|| entry.to_string()))
+                .collect();
+            histories.insert(key, history);
+        }
+        Ok(histories)
+    }
+
+    /// Copy every process's whole log into `dir` (the cluster's own go when it drops).
+    pub fn keep_logs(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        for node in &self.cluster.nodes {
+            for process in [&node.sidecar, &node.agent] {
+                let file = format!("{}.log", process.name().replace('/', "-"));
+                std::fs::write(dir.join(file), process.log_tail(usize::MAX))?;
+            }
+        }
+        Ok(())
+    }
+}
