@@ -65,6 +65,18 @@ pub struct AgentClusterSpec {
     /// without waiting for a TTL.
     #[serde(default)]
     pub rollout: RolloutSpec,
+
+    /// How long a session nobody holds (released, or its pod long gone) is kept after its
+    /// last change before the operator deletes it with its checkpoint, in small batches;
+    /// a session held by a live pod is never deleted. At least 1h; default 720h (30 days).
+    #[serde(default = "default_session_retention")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1h')").message("sessionRetention must be at least 1h"))]
+    pub session_retention: String,
+}
+
+fn default_session_retention() -> String {
+    "720h".into()
 }
 
 fn default_agent_port() -> i32 {

@@ -46,6 +46,8 @@ pub struct Context {
     pub sidecar_image: String,
     /// Who the admin ports' NetworkPolicy admits besides the kubelet.
     pub admin_callers: build::AdminCallers,
+    /// When each database was last collected (retention).
+    pub retention: crate::retention::Schedule,
     pub metrics: Arc<Metrics>,
     pub stores: Stores,
     pub recorder: Recorder,
@@ -127,6 +129,9 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     };
     let total: i64 = leases.values().sum();
     ctx.metrics.leases(&ns, &ac.name_any(), total);
+    if degraded.is_none() {
+        collect_expired(ctx, &ns, ac, timings.session_retention).await;
+    }
     set_deletion_costs(ctx, &ns, &pods, &leases).await?;
     let d = deployment.status.unwrap_or_default();
     let status = AgentClusterStatus {
@@ -242,6 +247,29 @@ async fn ensure_cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Re
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()), // created concurrently
         Err(e) => Err(kube("create cluster secret")(e)),
+    }
+}
+
+/// Retention of the cluster's database, when due: failures are logged and counted, never
+/// a reason to fail the reconcile.
+async fn collect_expired(ctx: &Context, ns: &str, ac: &AgentCluster, retention: Duration) {
+    let collected = async {
+        let url = database_url(ctx, ns, ac).await?;
+        if !ctx.retention.due(&url, std::time::Instant::now()) {
+            return Ok(None);
+        }
+        let store = ctx.stores.get(&url)?;
+        crate::retention::collect(&store, retention, &ctx.metrics).await.map(Some)
+    };
+    match collected.await {
+        Ok(Some(done)) if done.sessions + done.nodes > 0 => {
+            tracing::info!(sessions = done.sessions, nodes = done.nodes, "retention collected");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            ctx.metrics.error(e.metric_label());
+            tracing::warn!(error = %e, "retention failed");
+        }
     }
 }
 

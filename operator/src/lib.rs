@@ -9,6 +9,7 @@ pub mod leader;
 pub mod metrics;
 pub mod pods;
 pub mod rbac;
+pub mod retention;
 pub mod run;
 pub mod stores;
 pub mod validate;

@@ -34,6 +34,8 @@ pub struct Metrics {
     drains: Family<Outcome, Counter>,
     revocations: Counter,
     leases: Family<ClusterLabel, Gauge>,
+    collected_sessions: Counter,
+    collected_nodes: Counter,
 }
 
 impl Default for Metrics {
@@ -46,6 +48,8 @@ impl Default for Metrics {
             drains: Family::default(),
             revocations: Counter::default(),
             leases: Family::default(),
+            collected_sessions: Counter::default(),
+            collected_nodes: Counter::default(),
         };
         registry.register("reconciles", "AgentCluster reconciliations", m.reconciles.clone());
         registry.register("errors", "Reconcile and pod-handling errors by kind", m.errors.clone());
@@ -56,6 +60,16 @@ impl Default for Metrics {
             m.revocations.clone(),
         );
         registry.register("leases", "Live session leases per AgentCluster", m.leases.clone());
+        registry.register(
+            "collected_sessions",
+            "Sessions deleted by retention (nobody held them; idle past sessionRetention)",
+            m.collected_sessions.clone(),
+        );
+        registry.register(
+            "collected_nodes",
+            "Node rows of long-dead sidecar processes deleted by retention",
+            m.collected_nodes.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -72,6 +86,10 @@ impl Metrics {
     }
     pub fn revoked(&self, sessions: u64) {
         self.revocations.inc_by(sessions);
+    }
+    pub fn collected(&self, sessions: u64, nodes: u64) {
+        self.collected_sessions.inc_by(sessions);
+        self.collected_nodes.inc_by(nodes);
     }
     pub fn leases(&self, namespace: &str, cluster: &str, n: i64) {
         self.leases

@@ -68,6 +68,7 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
             monitoring_pods: args.monitoring_pod_labels.clone(),
         },
         metrics,
+        retention: Default::default(),
         stores: Stores::default(),
         recorder: Recorder::new(
             client.clone(),

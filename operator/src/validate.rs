@@ -15,21 +15,23 @@ pub const SIDECAR_PORTS: [i32; 4] = [PUBLIC_PORT, PEER_PORT, AGENT_API_PORT, ADM
 /// The injected container's name; a user container may not take it.
 pub const SIDECAR_CONTAINER: &str = "leasehold-sidecar";
 
-/// The sidecar timings, parsed.
+/// The shortest session retention: far longer than any write can be in flight.
+pub const MIN_SESSION_RETENTION: Duration = Duration::from_secs(3600);
+
+/// The sidecar timings and the retention, parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
     pub lease_ttl: Duration,
     pub heartbeat: Duration,
     pub drain_timeout: Duration,
+    pub session_retention: Duration,
 }
 
 fn duration(field: &str, value: &str, problems: &mut Vec<String>) -> Option<Duration> {
     match humantime::parse_duration(value) {
         Ok(d) if !d.is_zero() => Some(d),
         _ => {
-            problems.push(format!(
-                "spec.sidecar.{field}: {value:?} is not a positive duration (e.g. 15s, 500ms)"
-            ));
+            problems.push(format!("spec.{field}: {value:?} is not a positive duration (e.g. 15s, 500ms)"));
             None
         }
     }
@@ -48,9 +50,13 @@ pub fn validate(spec: &AgentClusterSpec) -> Result<Timings, Vec<String>> {
         ));
     }
     let sidecar = &spec.sidecar;
-    let ttl = duration("leaseTtl", &sidecar.lease_ttl, &mut problems);
-    let heartbeat = duration("heartbeatInterval", &sidecar.heartbeat_interval, &mut problems);
-    let drain = duration("drainTimeout", &sidecar.drain_timeout, &mut problems);
+    let ttl = duration("sidecar.leaseTtl", &sidecar.lease_ttl, &mut problems);
+    let heartbeat = duration("sidecar.heartbeatInterval", &sidecar.heartbeat_interval, &mut problems);
+    let drain = duration("sidecar.drainTimeout", &sidecar.drain_timeout, &mut problems);
+    let retention = duration("sessionRetention", &spec.session_retention, &mut problems);
+    if retention.is_some_and(|r| r < MIN_SESSION_RETENTION) {
+        problems.push("spec.sessionRetention must be at least 1h".to_owned());
+    }
     if let (Some(ttl), Some(heartbeat)) = (ttl, heartbeat) {
         if heartbeat * 2 >= ttl {
             problems.push("spec.sidecar.heartbeatInterval must be less than half of leaseTtl".to_owned());
@@ -81,9 +87,9 @@ pub fn validate(spec: &AgentClusterSpec) -> Result<Timings, Vec<String>> {
     if spec.database.secret_name.is_empty() {
         problems.push("spec.database.secretName is required".to_owned());
     }
-    match (ttl, heartbeat, drain, problems.is_empty()) {
-        (Some(lease_ttl), Some(heartbeat), Some(drain_timeout), true) => {
-            Ok(Timings { lease_ttl, heartbeat, drain_timeout })
+    match (ttl, heartbeat, drain, retention, problems.is_empty()) {
+        (Some(lease_ttl), Some(heartbeat), Some(drain_timeout), Some(session_retention), true) => {
+            Ok(Timings { lease_ttl, heartbeat, drain_timeout, session_retention })
         }
         _ => Err(problems),
     }

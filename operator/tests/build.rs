@@ -29,7 +29,8 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
         Timings {
             lease_ttl: Duration::from_secs(15),
             heartbeat: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(25)
+            drain_timeout: Duration::from_secs(25),
+            session_retention: Duration::from_secs(720 * 3600),
         }
     );
     let d = build::deployment(&ac, &timings, IMAGE);
@@ -231,4 +232,9 @@ fn invalid_specs_report_every_problem() {
     let mut hb = fixture("basic.yaml");
     hb.spec.sidecar.heartbeat_interval = "8s".into();
     assert!(validate(&hb.spec).unwrap_err()[0].contains("less than half"));
+    let mut short = fixture("basic.yaml");
+    short.spec.session_retention = "30m".into();
+    assert_eq!(validate(&short.spec).unwrap_err(), ["spec.sessionRetention must be at least 1h"]);
+    short.spec.session_retention = "soon".into();
+    assert!(validate(&short.spec).unwrap_err()[0].starts_with("spec.sessionRetention: \"soon\""));
 }

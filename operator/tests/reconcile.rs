@@ -188,6 +188,7 @@ fn context(fake: &FakeApi) -> Arc<Context> {
             ..Default::default()
         },
         metrics: Arc::new(Metrics::default()),
+        retention: Default::default(),
         stores: Stores::default(),
         recorder: Recorder::new(client, Reporter { controller: "leasehold-operator".into(), instance: None }),
         http: reqwest::Client::new(),
@@ -216,6 +217,53 @@ fn fake(database_url: &str, pods: Vec<Value>) -> FakeApi {
 
 fn patches<'a>(calls: &'a [Call], kind: &str) -> Vec<&'a Call> {
     calls.iter().filter(|c| c.method == "PATCH" && c.path.contains(kind)).collect()
+}
+
+/// Reconciling a cluster collects its database's sessions nobody holds idle past the
+/// cluster's retention (once per interval), and never a live one.
+#[tokio::test]
+async fn reconcile_collects_sessions_idle_past_the_retention() {
+    let db = database().await;
+    let store = LeaseStore::connect(&db, 2).await.unwrap();
+    live_leases(&store, "chat-0", 1).await;
+    let live_owner: String =
+        sqlx::query_scalar("SELECT owner FROM agent_leases LIMIT 1").fetch_one(store.pool()).await.unwrap();
+    sqlx::query(
+        "INSERT INTO agent_leases (agent_key, owner, epoch, released, acquired_at, updated_at) \
+         SELECT 'old-' || i, $1, 1, true, now(), now() - interval '40 days' FROM generate_series(1, 3) i",
+    )
+    .bind(&live_owner)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE agent_leases SET updated_at = now() - interval '40 days' WHERE NOT released")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let count = |sql: &'static str| {
+        let pool = store.pool().clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
+    };
+    let fake = fake(&db, vec![pod("chat-0", json!({}))]);
+    let ctx = context(&fake);
+    let ac: Arc<AgentCluster> = Arc::new(serde_json::from_value(fake.cluster.clone()).unwrap());
+    reconcile(ac.clone(), ctx.clone()).await.unwrap();
+    assert_eq!(
+        count("SELECT count(*) FROM agent_leases WHERE released").await,
+        0,
+        "the 3 idle ones collected"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM agent_leases WHERE NOT released").await,
+        1,
+        "the live one, however old, kept"
+    );
+    let metrics = ctx.metrics.encode();
+    assert!(metrics.contains("leasehold_operator_collected_sessions_total 3"), "{metrics}");
+    // Not due again within the interval: nothing collected on the next reconcile.
+    sqlx::query("UPDATE agent_leases SET released = true").execute(store.pool()).await.unwrap();
+    reconcile(ac, ctx).await.unwrap();
+    assert_eq!(count("SELECT count(*) FROM agent_leases").await, 1, "once per interval per database");
 }
 
 #[tokio::test]
