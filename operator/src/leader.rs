@@ -1,7 +1,15 @@
 //! Leader election on a `coordination.k8s.io` Lease: two operator replicas never both act.
-//! The holder renews every `RENEW`; a lease not renewed for `LEASE_DURATION` may be taken.
+//! The holder renews every `RENEW`; a lease whose record has not changed for
+//! `LEASE_DURATION`, measured on this replica's own monotonic clock from when it last saw
+//! the record change (client-go's rule: wall clocks of two pods are never compared), may
+//! be taken. A leader that stops releases the lease, so another takes over at once.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::time::Instant;
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -21,6 +29,45 @@ pub struct LeaderElection {
     pub api: Api<Lease>,
     pub name: String,
     pub identity: String,
+    /// The lease record last seen and when it was first seen so (this replica's clock).
+    pub observed: Arc<Mutex<Option<(Observed, Instant)>>>,
+}
+
+/// What of a lease record shows its holder is alive: any change of it is a renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    holder: Option<String>,
+    renew_time: Option<String>,
+    transitions: Option<i32>,
+}
+
+impl LeaderElection {
+    pub fn new(api: Api<Lease>, name: String, identity: String) -> Self {
+        LeaderElection { api, name, identity, observed: Arc::default() }
+    }
+
+    /// Whether the holder of `spec` has not renewed for its duration, by our clock: the
+    /// time since the record last changed, as we saw it.
+    fn lapsed(&self, spec: &LeaseSpec) -> bool {
+        let record = Observed {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0.to_string()),
+            transitions: spec.lease_transitions,
+        };
+        if record.holder.is_none() {
+            return true; // released
+        }
+        let duration =
+            spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(0) as u64));
+        let mut observed = self.observed.lock().expect("leader observation lock");
+        match observed.as_ref() {
+            Some((seen, since)) if *seen == record => since.elapsed() > duration,
+            _ => {
+                *observed = Some((record, Instant::now()));
+                false
+            }
+        }
+    }
 }
 
 fn now() -> MicroTime {
@@ -43,12 +90,7 @@ impl LeaderElection {
         };
         let spec = lease.spec.clone().unwrap_or_default();
         let ours = spec.holder_identity.as_deref() == Some(&self.identity);
-        let expired = spec.renew_time.as_ref().is_none_or(|t| {
-            let age = jiff::Timestamp::now().duration_since(t.0);
-            let duration =
-                spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(0) as u64));
-            age.unsigned_abs() > duration
-        });
+        let expired = self.lapsed(&spec);
         if !ours && !expired {
             return Ok(false);
         }
@@ -74,6 +116,27 @@ impl LeaderElection {
             renew_time: Some(time),
             lease_transitions: Some(transitions),
             ..Default::default()
+        }
+    }
+
+    /// Give the lease up (the process is stopping): another replica takes over at its
+    /// next attempt instead of waiting out the duration. Only while we still hold it.
+    pub async fn release(&self) -> Result<()> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await.map_err(kube("get leader lease"))? else {
+            return Ok(());
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(&self.identity) {
+            return Ok(());
+        }
+        lease.spec = Some(LeaseSpec { holder_identity: None, lease_duration_seconds: Some(1), ..spec });
+        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            Ok(_) => {
+                tracing::info!(identity = %self.identity, "released the leader lease");
+                Ok(())
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()), // someone else took it meanwhile
+            Err(e) => Err(kube("release leader lease")(e)),
         }
     }
 

@@ -27,6 +27,12 @@ use crate::{
 /// A drain waits for in-flight turns up to the cluster's drain timeout; this bounds the
 /// call when the spec cannot be read.
 const DRAIN_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// A sidecar's admin port that does not accept within this is not draining anything
+/// (its node is gone or partitioned): give up, the preStop hook and revocation remain.
+pub const DRAIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pod events handled at once: a drain may wait long (or hang on a partitioned node),
+/// and no number of those may hold back another pod's revocation.
+const CONCURRENT_POD_EVENTS: usize = 1024;
 
 /// What to do about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +52,23 @@ pub struct Seen {
 
 fn first(set: &Mutex<HashSet<String>>, uid: &str) -> bool {
     set.lock().expect("seen lock").insert(uid.to_owned())
+}
+
+impl Seen {
+    /// A pod is gone for good (uids are never reused): remember nothing of it.
+    fn forget(&self, uid: &str) {
+        self.drained.lock().expect("seen lock").remove(uid);
+        self.revoked.lock().expect("seen lock").remove(uid);
+    }
+
+    /// How many pods are remembered (drained or revoked).
+    pub fn len(&self) -> usize {
+        self.drained.lock().expect("seen lock").len() + self.revoked.lock().expect("seen lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Decide (pure but for the once-only bookkeeping) what a pod event calls for.
@@ -98,6 +121,9 @@ async fn revoke(ctx: &Context, pod: &Pod, ac: &AgentCluster) -> Result<u64> {
 /// Carry out what `decide` asked for, with events and metrics.
 pub async fn handle(ctx: &Context, pod: &Pod, gone: bool, seen: &Seen) {
     let actions = decide(pod, gone, seen);
+    if gone {
+        seen.forget(&pod.uid().unwrap_or_default());
+    }
     if actions.is_empty() {
         return;
     }
@@ -144,10 +170,18 @@ pub async fn handle(ctx: &Context, pod: &Pod, gone: bool, seen: &Seen) {
 
 /// Watch every leasehold pod until the stream ends.
 pub async fn watch(ctx: Arc<Context>, api: Api<Pod>) {
-    let seen = Arc::new(Seen::default());
     let events = watcher(api, watcher::Config::default().labels(CLUSTER_LABEL)).default_backoff();
+    handle_events(ctx, events, Arc::new(Seen::default())).await;
+}
+
+/// Handle pod events as they come, many at once (see [`CONCURRENT_POD_EVENTS`]).
+pub async fn handle_events(
+    ctx: Arc<Context>,
+    events: impl futures_util::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+    seen: Arc<Seen>,
+) {
     events
-        .for_each_concurrent(16, |event| {
+        .for_each_concurrent(CONCURRENT_POD_EVENTS, |event| {
             let (ctx, seen) = (ctx.clone(), seen.clone());
             async move {
                 match event {

@@ -51,11 +51,11 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
         std::env::var("HOSTNAME")
             .unwrap_or_else(|_| format!("leasehold-operator-{}", uuid::Uuid::new_v4().simple()))
     });
-    let election = LeaderElection {
-        api: Api::<Lease>::namespaced(client.clone(), &args.leader_namespace),
-        name: args.leader_lease.clone(),
-        identity: identity.clone(),
-    };
+    let election = LeaderElection::new(
+        Api::<Lease>::namespaced(client.clone(), &args.leader_namespace),
+        args.leader_lease.clone(),
+        identity.clone(),
+    );
     election.acquire().await;
 
     let ns = args.watch_namespace.as_deref();
@@ -74,7 +74,10 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
             client.clone(),
             Reporter { controller: "leasehold-operator".into(), instance: Some(identity) },
         ),
-        http: reqwest::Client::new(),
+        http: reqwest::Client::builder()
+            .connect_timeout(crate::pods::DRAIN_CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| anyhow::anyhow!("building the drain client: {e}"))?,
     });
     let config = watcher::Config::default();
     let lease_changes = ctx.stores.lease_changes(LEASE_CHANGES_COALESCE);
@@ -93,7 +96,13 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
         });
     let watcher = pods::watch(ctx, api::<Pod>(&client, ns));
     tokio::select! {
-        _ = controller => tracing::info!("controller stopped"),
+        // SIGTERM/SIGINT (`shutdown_on_signal`): hand leadership over at once.
+        _ = controller => {
+            tracing::info!("controller stopped");
+            if let Err(e) = election.release().await {
+                tracing::warn!(error = %e, "could not release the leader lease; it lapses");
+            }
+        }
         _ = watcher => anyhow::bail!("pod watcher stopped"),
         _ = election.hold() => anyhow::bail!("lost leadership"),
         served = server => anyhow::bail!("metrics server stopped: {served:?}"),

@@ -436,6 +436,52 @@ async fn a_deleted_or_failed_pod_has_its_leases_revoked_at_once() {
         .any(|c| c.path.contains("/events") && c.body.to_string().contains("LeasesRevoked")));
 }
 
+/// Sixteen terminating pods whose admin ports accept and never answer (a partitioned
+/// node's pods) do not hold back the revocation of a failed pod's leases, and a gone pod
+/// leaves nothing remembered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_drains_do_not_delay_revoking_a_failed_pod() {
+    const HANGING: usize = 16;
+    let db = database().await;
+    let store = LeaseStore::connect(&db, 2).await.unwrap();
+    live_leases(&store, "failed-0", 2).await;
+    let mut fake = fake(&db, vec![]);
+    fake.cluster_secret = Some("s".into()); // the drains are signed and sent
+    let ctx = context(&fake);
+    // Admin ports that accept (the kernel completes the handshake) and never answer.
+    let mut silent = Vec::new();
+    let mut events = Vec::new();
+    for i in 0..HANGING {
+        let ip = localcluster::cluster::next_ip();
+        silent.push(std::net::TcpListener::bind((ip, 9090)).unwrap());
+        let terminating = pod(
+            &format!("hanging-{i}"),
+            json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {"podIP": ip.to_string()}}),
+        );
+        events.push(Ok(kube::runtime::watcher::Event::Apply(serde_json::from_value(terminating).unwrap())));
+    }
+    let failed: Pod =
+        serde_json::from_value(pod("failed-0", json!({"status": {"phase": "Failed"}}))).unwrap();
+    events.push(Ok(kube::runtime::watcher::Event::Apply(failed)));
+    let gone: Pod = serde_json::from_value(pod("gone-0", json!({}))).unwrap();
+    events.push(Ok(kube::runtime::watcher::Event::Delete(gone)));
+
+    let seen = Arc::new(Seen::default());
+    let started = std::time::Instant::now();
+    tokio::spawn(pods::handle_events(ctx, futures_util::stream::iter(events), seen.clone()));
+    let nodes = ["failed-0".to_owned()];
+    while store.live_leases_by_node(&nodes).await.unwrap().contains_key("failed-0") {
+        assert!(started.elapsed() < Duration::from_secs(2), "the failed pod's leases not revoked within 2 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("failed pod revoked {:?} after its event, behind {HANGING} hanging drains", started.elapsed());
+    assert_eq!(
+        seen.len(),
+        HANGING + 1,
+        "the hanging pods (drained) and the failed pod (revoked); the gone one forgotten"
+    );
+}
+
 #[test]
 fn pod_events_map_to_the_right_actions_once() {
     let seen = Seen::default();
@@ -491,36 +537,63 @@ fn spawn_lease_api(
     });
 }
 
-#[tokio::test]
+/// Two candidates against one Lease: never both lead; a holder that stops renewing is
+/// replaced once its record has not changed for the lease duration on the candidate's own
+/// clock, whatever wall-clock times it wrote.
+#[tokio::test(start_paused = true)]
 async fn only_one_of_two_operator_replicas_leads_until_the_lease_lapses() {
+    use leasehold_operator::leader::{LeaderElection, LEASE_DURATION};
+    let lease = Arc::new(Mutex::new(None));
+    let candidate = |identity: &str| {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        spawn_lease_api(handle, lease.clone());
+        let api = kube::Api::namespaced(Client::new(service, "default"), "leasehold-system");
+        LeaderElection::new(api, "leasehold-operator".into(), identity.into())
+    };
+    let (a, b) = (candidate("operator-a"), candidate("operator-b"));
+    assert!(a.try_acquire_or_renew().await.unwrap(), "a creates the lease and leads");
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "b must not lead while a's lease is fresh");
+    // a keeps renewing but its clock is a year behind: its renewTime looks ancient to b,
+    // yet every renewal changes the record, so b never takes over.
+    for i in 0..4 {
+        tokio::time::advance(LEASE_DURATION).await;
+        assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
+        lease.lock().unwrap().as_mut().unwrap()["spec"]["renewTime"] =
+            json!(format!("2025-01-01T00:00:0{i}.000000Z"));
+        assert!(!b.try_acquire_or_renew().await.unwrap(), "b must not judge a by wall-clock times");
+    }
+    // a stops renewing (crash): once the record has not changed for the duration on b's
+    // clock, b takes over.
+    tokio::time::advance(LEASE_DURATION / 2).await;
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "not yet: half the duration");
+    tokio::time::advance(LEASE_DURATION / 2 + Duration::from_secs(1)).await;
+    assert!(b.try_acquire_or_renew().await.unwrap(), "b takes the lapsed lease");
+    let stored = lease.lock().unwrap().clone().unwrap();
+    assert_eq!(stored["spec"]["holderIdentity"], "operator-b");
+    assert_eq!(stored["spec"]["leaseTransitions"], 1);
+    assert!(!a.try_acquire_or_renew().await.unwrap(), "a, back, does not lead any more");
+}
+
+/// A leader that stops releases the lease: the other candidate leads at its next attempt,
+/// without waiting out the duration.
+#[tokio::test(start_paused = true)]
+async fn a_stopping_leader_releases_the_lease_to_the_next_candidate_at_once() {
     use leasehold_operator::leader::LeaderElection;
     let lease = Arc::new(Mutex::new(None));
     let candidate = |identity: &str| {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         spawn_lease_api(handle, lease.clone());
-        LeaderElection {
-            api: kube::Api::namespaced(Client::new(service, "default"), "leasehold-system"),
-            name: "leasehold-operator".into(),
-            identity: identity.into(),
-        }
+        let api = kube::Api::namespaced(Client::new(service, "default"), "leasehold-system");
+        LeaderElection::new(api, "leasehold-operator".into(), identity.into())
     };
     let (a, b) = (candidate("operator-a"), candidate("operator-b"));
-    assert!(a.try_acquire_or_renew().await.unwrap(), "a creates the lease and leads");
-    assert!(!b.try_acquire_or_renew().await.unwrap(), "b must not lead while a's lease is fresh");
-    assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
+    assert!(a.try_acquire_or_renew().await.unwrap());
     assert!(!b.try_acquire_or_renew().await.unwrap());
-    // a stops renewing (crash): once its renewTime is older than the duration, b takes over.
-    {
-        let mut stored = lease.lock().unwrap();
-        let l = stored.as_mut().unwrap();
-        l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
-    }
-    assert!(b.try_acquire_or_renew().await.unwrap(), "b takes the lapsed lease");
-    let stored = lease.lock().unwrap().clone().unwrap();
-    assert_eq!(stored["spec"]["holderIdentity"], "operator-b");
-    assert_eq!(stored["spec"]["leaseTransitions"], 1);
-    drop(stored);
-    assert!(!a.try_acquire_or_renew().await.unwrap(), "a, back, does not lead any more");
+    b.release().await.unwrap(); // not the holder: changes nothing
+    assert_eq!(lease.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"], "operator-a");
+    a.release().await.unwrap();
+    assert!(b.try_acquire_or_renew().await.unwrap(), "b leads at once after a's release");
+    assert!(!a.try_acquire_or_renew().await.unwrap());
 }
 
 #[test]
