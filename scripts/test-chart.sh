@@ -342,14 +342,25 @@ check("Service exposes port metrics 8080 -> metrics",
       svc.get("ports") == [{"name": "metrics", "port": 8080, "targetPort": "metrics",
                             "protocol": "TCP"}], svc.get("ports"))
 
-# --watch-namespace only when set.
+# --watch-namespace only when set; then the operator's permissions are a Role in that
+# namespace, none cluster-wide.
 watch = load("watch")
 if watch:
     args = operator_container(watch)["args"]
     check("--set watchNamespace=team-a appends --watch-namespace team-a",
           args == expected_args() + ["--watch-namespace", "team-a"], args)
-    check("watchNamespace leaves the objects unchanged otherwise",
-          sorted(o["kind"] for o in watch) == want, sorted(o["kind"] for o in watch))
+    watch_kinds = sorted(o["kind"] for o in watch)
+    check("watchNamespace: no ClusterRole or ClusterRoleBinding, two Roles and RoleBindings",
+          watch_kinds == sorted(["ServiceAccount", "Role", "RoleBinding", "Role", "RoleBinding",
+                                 "Deployment", "Service"]), watch_kinds)
+    scoped = [o for o in watch if o["kind"] == "Role" and o["metadata"].get("namespace") == "team-a"]
+    check("watchNamespace: the operator's rules are a Role in team-a, exactly",
+          len(scoped) == 1 and rule_set(scoped[0]["rules"]) == CLUSTER_RULES,
+          [o["metadata"] for o in scoped])
+    bound = [o for o in watch if o["kind"] == "RoleBinding" and o["metadata"].get("namespace") == "team-a"]
+    check("watchNamespace: a RoleBinding in team-a binds it to the operator ServiceAccount",
+          len(bound) == 1 and bound[0]["roleRef"]["kind"] == "Role"
+          and bound[0]["subjects"][0]["namespace"] == namespace, [o.get("roleRef") for o in bound])
 
 # The monitoring stack the admin ports admit reaches the operator's flags; the
 # operator's pods carry the label the admin ports admit it by.
