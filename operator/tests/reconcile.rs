@@ -537,20 +537,25 @@ fn spawn_lease_api(
     });
 }
 
+/// A leader-election candidate against the fake Lease API holding `lease`.
+fn candidate(
+    lease: &Arc<Mutex<Option<Value>>>,
+    identity: &str,
+) -> leasehold_operator::leader::LeaderElection {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    spawn_lease_api(handle, lease.clone());
+    let api = kube::Api::namespaced(Client::new(service, "default"), "leasehold-system");
+    leasehold_operator::leader::LeaderElection::new(api, "leasehold-operator".into(), identity.into())
+}
+
 /// Two candidates against one Lease: never both lead; a holder that stops renewing is
 /// replaced once its record has not changed for the lease duration on the candidate's own
 /// clock, whatever wall-clock times it wrote.
 #[tokio::test(start_paused = true)]
 async fn only_one_of_two_operator_replicas_leads_until_the_lease_lapses() {
-    use leasehold_operator::leader::{LeaderElection, LEASE_DURATION};
+    use leasehold_operator::leader::LEASE_DURATION;
     let lease = Arc::new(Mutex::new(None));
-    let candidate = |identity: &str| {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        spawn_lease_api(handle, lease.clone());
-        let api = kube::Api::namespaced(Client::new(service, "default"), "leasehold-system");
-        LeaderElection::new(api, "leasehold-operator".into(), identity.into())
-    };
-    let (a, b) = (candidate("operator-a"), candidate("operator-b"));
+    let (a, b) = (candidate(&lease, "operator-a"), candidate(&lease, "operator-b"));
     assert!(a.try_acquire_or_renew().await.unwrap(), "a creates the lease and leads");
     assert!(!b.try_acquire_or_renew().await.unwrap(), "b must not lead while a's lease is fresh");
     // a keeps renewing but its clock is a year behind: its renewTime looks ancient to b,
@@ -578,15 +583,8 @@ async fn only_one_of_two_operator_replicas_leads_until_the_lease_lapses() {
 /// without waiting out the duration.
 #[tokio::test(start_paused = true)]
 async fn a_stopping_leader_releases_the_lease_to_the_next_candidate_at_once() {
-    use leasehold_operator::leader::LeaderElection;
     let lease = Arc::new(Mutex::new(None));
-    let candidate = |identity: &str| {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        spawn_lease_api(handle, lease.clone());
-        let api = kube::Api::namespaced(Client::new(service, "default"), "leasehold-system");
-        LeaderElection::new(api, "leasehold-operator".into(), identity.into())
-    };
-    let (a, b) = (candidate("operator-a"), candidate("operator-b"));
+    let (a, b) = (candidate(&lease, "operator-a"), candidate(&lease, "operator-b"));
     assert!(a.try_acquire_or_renew().await.unwrap());
     assert!(!b.try_acquire_or_renew().await.unwrap());
     b.release().await.unwrap(); // not the holder: changes nothing

@@ -1,5 +1,7 @@
 //! The supervised heartbeat against a real Postgres.
 
+// The store tests' support (a database of its own per test), shared rather than copied.
+#[path = "../../core/tests/support/mod.rs"]
 mod support;
 
 use std::time::Duration;

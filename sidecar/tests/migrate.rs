@@ -1,5 +1,7 @@
 //! `leasehold-sidecar migrate`: idempotent and safe from several processes at once.
 
+// The store tests' support (a database of its own per test), shared rather than copied.
+#[path = "../../core/tests/support/mod.rs"]
 mod support;
 
 use std::process::{Command, Stdio};

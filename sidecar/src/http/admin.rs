@@ -5,7 +5,6 @@
 use std::{sync::Arc, time::Duration};
 
 use axum::{
-    body::Body,
     extract::{Request, State},
     http::{HeaderMap, StatusCode},
     middleware::{self, Next},
@@ -13,11 +12,11 @@ use axum::{
     routing::{get, post},
     Json, Router,
 };
-use leasehold_core::proof::{PeerAuth, Signed};
+use leasehold_core::proof::PeerAuth;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{read_body, reply};
+use super::{proof::Verifier, reply};
 use crate::{drain::Drain, metrics::Metrics, ownership::Ownership};
 
 /// The domain parts the admin listener calls.
@@ -56,25 +55,14 @@ pub fn router(app: Admin) -> Router {
 
 /// Only a proof of the cluster secret made for this node passes (`401` otherwise).
 async fn authenticate(State(app): State<Admin>, request: Request, next: Next) -> Response {
-    let (parts, body) = request.into_parts();
-    let body = match read_body(&parts.headers, body, MAX_ADMIN_BODY).await {
-        Ok(body) => body,
-        Err(rejected) => return rejected.into_response(),
+    let verifier = Verifier {
+        port: "admin",
+        auth: &app.auth,
+        node_id: &app.node_id,
+        metrics: &app.metrics,
+        max_body: MAX_ADMIN_BODY,
     };
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let signed = Signed {
-        method: parts.method.as_str(),
-        path,
-        destination: &app.node_id,
-        headers: &parts.headers,
-        body: &body,
-    };
-    if let Err(e) = app.auth.verify(&signed) {
-        tracing::warn!(%path, error = %e, "rejected admin request");
-        app.metrics.peer_auth_failure();
-        return reply::error(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
-    }
-    next.run(Request::from_parts(parts, Body::from(body))).await
+    verifier.admit(request, next).await
 }
 
 /// The process is alive; never depends on the database. Names the node (an admin proof

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod agent;
 pub mod head_timer;
 pub mod peer;
+mod proof;
 pub mod public;
 pub mod relay;
 pub mod reply;

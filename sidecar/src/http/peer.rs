@@ -4,18 +4,18 @@
 use std::sync::Arc;
 
 use axum::{
-    body::Body,
     extract::{FromRef, Path, Query, Request, State},
     http::{HeaderMap, StatusCode},
     middleware::{self, Next},
-    response::{IntoResponse, Response},
+    response::Response,
     routing::get,
     Router,
 };
-use leasehold_core::proof::{PeerAuth, Signed};
+use leasehold_core::proof::PeerAuth;
 
 use super::{
-    read_body, reply, session_key,
+    proof::Verifier,
+    reply, session_key,
     stream::{self, StreamQuery},
     BadRequest, Turns,
 };
@@ -56,27 +56,16 @@ pub fn router(peer: Peer) -> Router {
         .with_state(peer)
 }
 
-/// Verify the proof over method, path and body before anything else runs.
+/// Verify the proof over method, path, headers and body before anything else runs.
 async fn authenticate(State(peer): State<Peer>, request: Request, next: Next) -> Response {
-    let (parts, body) = request.into_parts();
-    let body = match read_body(&parts.headers, body, peer.turns.max_body).await {
-        Ok(body) => body,
-        Err(rejected) => return rejected.into_response(),
+    let verifier = Verifier {
+        port: "peer",
+        auth: &peer.auth,
+        node_id: &peer.node_id,
+        metrics: &peer.metrics,
+        max_body: peer.turns.max_body,
     };
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let signed = Signed {
-        method: parts.method.as_str(),
-        path,
-        destination: &peer.node_id,
-        headers: &parts.headers,
-        body: &body,
-    };
-    if let Err(e) = peer.auth.verify(&signed) {
-        tracing::warn!(%path, error = %e, "rejected peer request");
-        peer.metrics.peer_auth_failure();
-        return reply::error(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
-    }
-    next.run(Request::from_parts(parts, Body::from(body))).await
+    verifier.admit(request, next).await
 }
 
 /// The owner's side of a follower's upstream.
