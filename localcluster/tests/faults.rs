@@ -639,3 +639,30 @@ async fn a_publish_frozen_between_fence_and_fan_out_never_reaches_an_observer() 
     assert_eq!(support::history(&db, KEY).await, ["after"], "only node-b's turn is in the history");
     assert!(a.metric("leasehold_fenced_writes_total", "").await >= 1.0, "node-a counted its fenced publish");
 }
+
+/// An agent's own answers to a forwarded turn, whatever their status (a 401 of its own
+/// authentication, a 503 without a directive), reach the client unchanged; only the
+/// owner sidecar's refusals (marked `Leasehold-Refusal`) are acted on by the forwarder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agents_own_401_and_503_pass_through_a_forwarding_pod_unchanged() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options =
+        ClusterOptions { nodes: 2, agent_command: Some((hold_agent(), Vec::new())), ..long_lease_options() };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    turn_on_node_a(&cluster, "agent-says", "first").await;
+    let via_b = format!("{}/v1/sessions/agent-says/turns", cluster.nodes[1].public_url());
+    for status in [401u16, 503] {
+        let response = reqwest::Client::new()
+            .post(&via_b)
+            .body(json!({ "status": status }).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "forwarded from node-b to node-a's agent");
+        assert!(!response.headers().contains_key("leasehold-refusal"), "not a sidecar's refusal");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body, json!({ "error": "from_the_agent", "status": status }));
+    }
+    assert_eq!(cluster.nodes[1].metric("leasehold_peer_rejections_total", "").await, 0.0);
+}

@@ -2,7 +2,8 @@
 """A minimal agent for fault tests: thaws, thinks for the turn's `think_ms`, appends the
 turn's text, checkpoints through the sidecar, then holds the answer for the turn's
 `hold_ms` (a turn whose write landed before its pod froze). No events, so the only
-database write of a turn is its checkpoint. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
+database write of a turn is its checkpoint. A turn with `status` is answered that status
+at once (an agent's own 401 or 503), with nothing written. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
 on the same IP, port 18082)."""
 import http.server
 import json
@@ -35,6 +36,8 @@ class Agent(http.server.BaseHTTPRequestHandler):
             return self.answer(200, {})  # stand-down and the rest: nothing to hold
         key, epoch = parts[1], self.headers["leasehold-epoch"]
         turn = json.loads(raw or b"{}")
+        if "status" in turn:  # an answer of the agent's own: no thaw, no checkpoint
+            return self.answer(turn["status"], {"error": "from_the_agent", "status": turn["status"]})
         url = f"{sidecar}/v1/sessions/{key}/checkpoint"
         try:
             with urllib.request.urlopen(url) as r:

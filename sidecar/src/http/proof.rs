@@ -4,11 +4,14 @@
 use axum::{
     body::Body,
     extract::Request,
-    http::StatusCode,
+    http::{HeaderValue, StatusCode},
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use leasehold_core::proof::{PeerAuth, Signed};
+use leasehold_core::{
+    headers,
+    proof::{PeerAuth, Signed},
+};
 
 use super::{read_body, reply};
 use crate::metrics::Metrics;
@@ -44,7 +47,9 @@ impl Verifier<'_> {
         if let Err(e) = self.auth.verify(&signed) {
             tracing::warn!(%path, error = %e, "rejected {} request", self.port);
             self.metrics.peer_auth_failure();
-            return reply::error(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+            let mut rejected = reply::error(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+            rejected.headers_mut().insert(headers::REFUSAL, HeaderValue::from_static("unauthorized"));
+            return rejected;
         }
         next.run(Request::from_parts(parts, Body::from(body))).await
     }

@@ -33,8 +33,9 @@ pub fn refusal(refusal: &Refusal) -> Response {
 /// A `503` with its directive: `Retry-After` in whole seconds, rounded up.
 pub fn refusal_body(body: RefusalBody) -> Response {
     let secs = body.retry.map_or(1, |r| r.after_secs());
-    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, HeaderValue::from(secs))], Json(body))
-        .into_response()
+    let code = HeaderValue::from_str(&body.error).unwrap_or(HeaderValue::from_static("refused"));
+    let headers = [(header::RETRY_AFTER, HeaderValue::from(secs)), (headers::REFUSAL, code)];
+    (StatusCode::SERVICE_UNAVAILABLE, headers, Json(body)).into_response()
 }
 
 pub fn owner_failed() -> Response {

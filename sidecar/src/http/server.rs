@@ -62,8 +62,9 @@ fn overloaded_answer() -> Vec<u8> {
     let body = serde_json::to_string(&refusal.body()).expect("a refusal serializes");
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {}\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+         leasehold-refusal: {}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         refusal.retry_after_secs(),
+        refusal.code(),
         body.len()
     )
     .into_bytes()

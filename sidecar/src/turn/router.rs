@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use http_body_util::BodyExt;
 
-use leasehold_core::{directive::RefusalBody, store::Holder, Epoch, SessionKey};
+use leasehold_core::{directive::RefusalBody, headers, store::Holder, Epoch, SessionKey};
 
 use super::{
     agent::AgentClient,
@@ -165,13 +165,16 @@ impl TurnRouter {
                 return Hop::NotConnected;
             }
         };
-        if response.status() == http::StatusCode::UNAUTHORIZED {
+        // Only the owner sidecar's own refusals mean something here; its agent's answer,
+        // whatever its status (a 401 of its own, a 503 without a directive), goes back as is.
+        let refused_by_sidecar = response.headers().contains_key(headers::REFUSAL);
+        if refused_by_sidecar && response.status() == http::StatusCode::UNAUTHORIZED {
             tracing::error!(addr = %holder.peer_addr, owner = %holder.owner, "{PEER_REJECTED}");
             self.metrics.peer_rejected();
             self.metrics.turn("forwarded", "peer_rejected");
             return Hop::Answered(Reply::PeerRejected);
         }
-        if response.status() != http::StatusCode::SERVICE_UNAVAILABLE {
+        if !refused_by_sidecar || response.status() != http::StatusCode::SERVICE_UNAVAILABLE {
             self.metrics.turn("forwarded", status_label(response.status()));
             return Hop::Answered(Reply::Forwarded(response));
         }
