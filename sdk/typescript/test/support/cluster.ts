@@ -322,9 +322,15 @@ export async function drain(node: Node, clusterSecret: string): Promise<{ handed
     const child = spawn(binary("leasehold-sidecar"), args, { stdio: ["ignore", "pipe", "pipe"] });
     let stdout = "";
     let stderr = "";
-    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
-    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
-    child.on("close", (code) => resolveDone({ code, stdout, stderr }));
+    child.stdout.on("data", (chunk: Buffer) => {
+      stdout += chunk.toString();
+    });
+    child.stderr.on("data", (chunk: Buffer) => {
+      stderr += chunk.toString();
+    });
+    child.on("close", (code) => {
+      resolveDone({ code, stdout, stderr });
+    });
   });
   if (done.code !== 0) throw new Error(`drain of ${node.name} failed: ${done.stderr}`);
   return JSON.parse(done.stdout) as { handed_back: number; in_flight_finished: number; in_flight_stood_down: number };
