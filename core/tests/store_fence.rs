@@ -8,7 +8,7 @@ use leasehold_core::{
     store::{checkpoints::put_checkpoint, Claim, Error},
     Epoch,
 };
-use support::{boot, key, store, LONG_TTL};
+use support::{boot, key, store, wait_for_lock_wait, LONG_TTL};
 
 fn fenced<T: std::fmt::Debug>(r: Result<T, Error>) -> bool {
     matches!(r, Err(Error::Fenced { .. }))
@@ -100,7 +100,8 @@ async fn a_write_racing_a_takeover_waits_and_is_fenced() {
         let (s, a) = (s.clone(), a.clone());
         tokio::spawn(async move { store.put_checkpoint(&s, &a, Epoch(1), b"zombie").await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The zombie's statement is seen waiting on the lease row's lock (not merely slow).
+    wait_for_lock_wait(&store, "agent_checkpoints").await;
     assert!(!zombie.is_finished(), "the zombie write must wait on the row lock");
     takeover.commit().await.unwrap();
     assert!(fenced(zombie.await.unwrap()));
@@ -125,7 +126,9 @@ async fn a_takeover_waits_for_an_in_flight_write() {
         let (store, s, b) = (store.clone(), s.clone(), b.clone());
         tokio::spawn(async move { store.claim(&s, &b).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The takeover's claim is seen waiting on the lease row's lock (the `FOR SHARE` of the
+    // write's fence), not merely not yet started.
+    wait_for_lock_wait(&store, "agent_leases").await;
     assert!(!takeover.is_finished(), "the takeover must wait for the in-flight write");
     write.commit().await.unwrap();
     assert_eq!(takeover.await.unwrap().unwrap(), Claim::TookOver { epoch: Epoch(2) });
