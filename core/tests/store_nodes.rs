@@ -45,17 +45,22 @@ async fn renew_all_keeps_100k_leases_live_with_one_single_row_statement() {
     assert!(matches!(store.claim(&key("k5000"), &b).await.unwrap(), Claim::Held(_)));
     assert!(matches!(store.claim(&key("k50"), &b).await.unwrap(), Claim::TookOver { .. }), "released");
 
-    // The renewal is one statement touching one row, whatever the number of sessions.
-    let plan: (serde_json::Value,) = sqlx::query_as(
-        "EXPLAIN (ANALYZE, FORMAT JSON) UPDATE agent_nodes SET expires_at = now() + interval '2 s' \
-         WHERE owner = $1 AND expires_at > now()",
-    )
-    .bind(a.as_str())
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
+    // The renewal the heartbeat sends is one statement updating one row, by index, and
+    // reading no session row, whatever the number of sessions.
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", leasehold_core::store::nodes::RENEW_SQL);
+    let plan: (serde_json::Value,) =
+        sqlx::query_as(&explain).bind(a.as_str()).bind(2000_i64).fetch_one(store.pool()).await.unwrap();
     let text = plan.0.to_string();
     assert!(!text.contains("agent_leases"), "renewal must not touch session rows: {text}");
+    let update = &plan.0[0]["Plan"];
+    assert_eq!(update["Operation"], "Update", "{text}");
+    let scan = &update["Plans"][0];
+    assert_eq!(
+        (scan["Relation Name"].as_str(), scan["Actual Rows"].as_f64()),
+        (Some("agent_nodes"), Some(1.0)),
+        "{text}"
+    );
+    assert!(scan["Node Type"].as_str().unwrap().contains("Index"), "found by its key, not a scan: {text}");
 }
 
 #[tokio::test]

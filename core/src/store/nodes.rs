@@ -24,7 +24,7 @@ RETURNING (SELECT count(*) FROM earlier) AS revoked
 /// The heartbeat: extend this boot's node lease, one row whatever the number of sessions.
 /// Only while it is still live: an expired node lease is never resurrected (its sessions
 /// may already have been taken over).
-const RENEW_SQL: &str = r#"
+pub const RENEW_SQL: &str = r#"
 UPDATE agent_nodes SET expires_at = now() + $2 * interval '1 millisecond', renewed_at = now()
 WHERE owner = $1 AND expires_at > now()
 RETURNING (extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining_ms
