@@ -34,14 +34,15 @@ async fn renew_all_keeps_100k_leases_live_with_one_single_row_statement() {
         let lease = store.renew_all(&a, ttl).await.unwrap().expect("still live");
         assert!(lease.remaining > Duration::from_millis(1900), "{lease:?}");
     }
+    // Back to a long TTL before reading 100k rows, which a loaded machine may take longer
+    // than the short one over.
+    store.renew_all(&a, LONG_TTL).await.unwrap().expect("still live");
     let held: BTreeSet<String> =
         store.held(&a).await.unwrap().into_iter().map(|(k, _)| k.to_string()).collect();
     let expected: BTreeSet<String> = (101..=N).map(|i| format!("k{i}")).collect();
     assert_eq!(held.len(), expected.len());
     assert_eq!(held, expected, "exactly the unreleased sessions are held");
     let b = boot(&store, "node-b", LONG_TTL).await;
-    // Renewed just before, so reading 100k rows above cannot outlast the short TTL.
-    store.renew_all(&a, ttl).await.unwrap().expect("still live");
     assert!(matches!(store.claim(&key("k5000"), &b).await.unwrap(), Claim::Held(_)));
     assert!(matches!(store.claim(&key("k50"), &b).await.unwrap(), Claim::TookOver { .. }), "released");
 
@@ -139,4 +140,26 @@ async fn live_leases_are_counted_per_node() {
     assert_eq!(counts.get("pod-c"), None);
     store.revoke_node("pod-b").await.unwrap();
     assert_eq!(store.live_leases_by_node(&nodes).await.unwrap().get("pod-b"), None);
+}
+
+/// A renewal whose statement began before a revocation it then waits behind (or, as
+/// here, runs after, in a transaction that began before it) must not extend the revoked
+/// lease: its liveness check is on the clock when it touches the row, not when it began.
+#[tokio::test]
+async fn a_renewal_never_resurrects_a_lease_revoked_after_it_began() {
+    let store = store().await;
+    let a = boot(&store, "node-a", LONG_TTL).await;
+    let mut renewal = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT now()").execute(&mut *renewal).await.unwrap(); // the transaction's clock starts
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store.revoke_node("node-a").await.unwrap();
+    let renewed = sqlx::query(leasehold_core::store::nodes::RENEW_SQL)
+        .bind(a.as_str())
+        .bind(60_000_i64)
+        .fetch_optional(&mut *renewal)
+        .await
+        .unwrap();
+    renewal.commit().await.unwrap();
+    assert!(renewed.is_none(), "a revoked node lease was renewed");
+    assert_eq!(store.renew_all(&a, LONG_TTL).await.unwrap(), None, "and stays lost");
 }

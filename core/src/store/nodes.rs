@@ -23,11 +23,15 @@ RETURNING (SELECT count(*) FROM earlier) AS revoked
 
 /// The heartbeat: extend this boot's node lease, one row whatever the number of sessions.
 /// Only while it is still live: an expired node lease is never resurrected (its sessions
-/// may already have been taken over).
+/// may already have been taken over). Liveness is judged on the database clock when the
+/// row is reached (`clock_timestamp()`), not when the statement began (`now()`): a renewal
+/// that waited behind a revocation re-checks the revoked row against the time after its
+/// wait, and finds it expired.
 pub const RENEW_SQL: &str = r#"
-UPDATE agent_nodes SET expires_at = now() + $2 * interval '1 millisecond', renewed_at = now()
-WHERE owner = $1 AND expires_at > now()
-RETURNING (extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining_ms
+UPDATE agent_nodes
+SET expires_at = clock_timestamp() + $2 * interval '1 millisecond', renewed_at = clock_timestamp()
+WHERE owner = $1 AND expires_at > clock_timestamp()
+RETURNING (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS remaining_ms
 "#;
 
 /// Drain: expire this boot's node lease so every session it holds is claimable at once.
