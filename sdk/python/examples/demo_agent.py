@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python reference agent (CONTRACT §4a): the same as `python -m leasehold.demo_agent`.
+"""The Python reference agent (docs/http-api.md): the same as `python -m leasehold.demo_agent`.
 
     python examples/demo_agent.py --listen 127.0.0.1:3000 --sidecar-url http://127.0.0.1:8082
 

@@ -49,7 +49,7 @@ def make_cluster(
         cluster.stop()
 
 
-# -- features of CONTRACT §9 that the server may not implement yet ----------------------
+# -- features of docs/http-api.md that the server may not implement yet ----------------------
 
 _features: dict[str, str | None] | None = None
 
@@ -70,7 +70,7 @@ def server_features() -> dict[str, str | None]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "awaits_server(feature): needs a server-side feature of CONTRACT §9 that today's "
+        "awaits_server(feature): needs a server-side feature of docs/http-api.md that today's "
         "sidecar may not implement; skipped, with the probe's finding, when it does not",
     )
 

@@ -508,9 +508,9 @@ def cluster(database_url: str, log_dir: Path, **options: Any) -> Iterator[Cluste
 def probe_server_features(database_url: str, log_dir: Path) -> dict[str, str | None]:
     """Ask a real one-pod cluster (the Python demo agent behind it) what it implements:
 
-    - `forward_headers`: `leasehold-sidecar --help` lists `--forward-headers` (CONTRACT §2);
+    - `forward_headers`: `leasehold-sidecar --help` lists `--forward-headers` (docs/http-api.md);
     - `turn_journal`: after an acknowledged turn with an Idempotency-Key,
-      `GET /v1/sessions/{key}/turns/{that key}` answers 200 (CONTRACT §3, §9);
+      `GET /v1/sessions/{key}/turns/{that key}` answers 200 (docs/http-api.md, §9);
     - `idempotency`: the same key and body sent again is answered `Leasehold-Replayed: true`;
     - `multitask`: a turn sent with `Leasehold-Multitask: reject` while another of the
       session runs is answered `409 busy`.

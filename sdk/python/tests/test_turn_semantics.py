@@ -1,4 +1,4 @@
-"""CONTRACT §9 (turn journal, exactly-once, resume, one turn at a time) and the forwarded
+"""docs/http-api.md (turn journal, exactly-once, resume, one turn at a time) and the forwarded
 client headers of §2/§4, through the SDK against real sidecars.
 
 The SDK side of each is implemented; the server side is being built. Each test is marked

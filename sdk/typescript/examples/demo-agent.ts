@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * The TypeScript twin of `leasehold-demo-agent` (CONTRACT §4a), written with
+ * The TypeScript twin of `leasehold-demo-agent` (docs/http-api.md, the demo agent), written with
  * `@leasehold/sdk/agent`: what a user copies to write their own agent.
  *
  * A turn's body is `{"text": "...", "think_ms": 0, "tokens": 5}` (all optional). For

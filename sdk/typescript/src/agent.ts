@@ -1,5 +1,5 @@
 /**
- * `@leasehold/sdk/agent`: the agent side of leasehold (CONTRACT §4 and §5).
+ * `@leasehold/sdk/agent`: the agent side of leasehold (docs/http-api.md, the agent contract and §5).
  *
  * `createAgentHandler({ onTurn })` returns a `node:http` request handler that serves
  * the routes the sidecar calls (`POST /sessions/{key}/turns`, `/events`, `/stand-down`,
@@ -17,7 +17,7 @@ import { checkKey, describe, neverSent, trimBase } from "./internal.js";
 
 export { ConnectionError, Fenced, HttpError, Interrupted, LeaseholdError, SidecarRefused } from "./errors.js";
 
-/** The client headers the sidecar forwards by default (`--forward-headers`, CONTRACT §2). */
+/** The client headers the sidecar forwards by default (`--forward-headers`, docs/http-api.md, configuration). */
 export const DEFAULT_FORWARD_HEADERS: readonly string[] = ["authorization", "traceparent", "tracestate", "baggage", "x-request-id", "accept"];
 
 const DEFAULT_SIDECAR_URL = "http://127.0.0.1:8082";
@@ -47,7 +47,7 @@ export interface Thawed {
   json<T = unknown>(): T;
 }
 
-/** One journaled event of an earlier attempt of a turn (CONTRACT §5). */
+/** One journaled event of an earlier attempt of a turn (docs/http-api.md, the agent API). */
 export interface JournalEvent {
   id: string;
   type: string;
@@ -56,7 +56,7 @@ export interface JournalEvent {
 
 export type CheckpointState = Uint8Array | string | object;
 
-/** The sidecar's agent API (CONTRACT §5), one call per method. Writes carry the epoch. */
+/** The sidecar's agent API (docs/http-api.md, the agent API), one call per method. Writes carry the epoch. */
 export class SidecarApi {
   readonly baseUrl: string;
   private readonly fetch: typeof fetch;
@@ -411,7 +411,7 @@ function writeError(res: ServerResponse, error: unknown, session: Session, onErr
 }
 
 /**
- * A `node:http` request handler serving CONTRACT §4 for `onTurn` / `onEvent`:
+ * A `node:http` request handler serving docs/http-api.md, the agent contract for `onTurn` / `onEvent`:
  * `http.createServer(createAgentHandler({ onTurn })).listen(3000, "127.0.0.1")`.
  */
 export function createAgentHandler(options: AgentHandlerOptions): AgentHandler {
@@ -485,7 +485,7 @@ export function createAgentHandler(options: AgentHandlerOptions): AgentHandler {
     const turnId = headers.get("leasehold-turn-id") ?? crypto.randomUUID();
     const controller = new AbortController();
     const running: Running = { turnId, controller };
-    // A client that went away does not stop the turn (CONTRACT §9); only the sidecar does.
+    // A client that went away does not stop the turn (docs/http-api.md, turn semantics); only the sidecar does.
     const slot = slotOf(key);
     slot.queued += 1;
     const previous = slot.tail;

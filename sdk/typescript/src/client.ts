@@ -1,5 +1,5 @@
 /**
- * The client of leasehold's public API (CONTRACT §3): turns and events that honour
+ * The client of leasehold's public API (docs/http-api.md, the client API): turns and events that honour
  * retry directives, event streams that follow a session across pods, session and turn
  * reads. Uses only the global `fetch`, so it runs in Node ≥ 20 and in browsers.
  */
@@ -51,7 +51,7 @@ export interface ClientOptions {
   /**
    * Re-send a turn answered `502 owner_failed` with the same `Idempotency-Key`.
    * Default `false`: such a turn MAY have run, and only a server that records
-   * idempotency keys (CONTRACT §9) makes the re-send exactly-once. Enable it once your
+   * idempotency keys (docs/http-api.md, turn semantics) makes the re-send exactly-once. Enable it once your
    * server does. `true` means `{ delayMs: 200, budgetMs: 30000 }`.
    */
   retryOwnerFailed?: boolean | RetryPolicy;
@@ -215,7 +215,7 @@ export class Client {
     };
   }
 
-  /** `GET /v1/sessions/{key}/turns/{id}` (CONTRACT §9); `undefined` on `404`. */
+  /** `GET /v1/sessions/{key}/turns/{id}` (docs/http-api.md, turn semantics); `undefined` on `404`. */
   async turn(key: string, turnId: string, options: { signal?: AbortSignal } = {}): Promise<TurnInfo | undefined> {
     const path = `/v1/sessions/${encodeURIComponent(checkKey(key))}/turns/${encodeURIComponent(turnId)}`;
     const ex = await this.exchange({ method: "GET", path, headers: {}, signal: options.signal });
@@ -234,7 +234,7 @@ export class Client {
     };
   }
 
-  /** `DELETE /v1/sessions/{key}/turns/{id}`: cancel a turn explicitly (CONTRACT §9). */
+  /** `DELETE /v1/sessions/{key}/turns/{id}`: cancel a turn explicitly (docs/http-api.md, turn semantics). */
   async cancelTurn(key: string, turnId: string, options: { signal?: AbortSignal } = {}): Promise<void> {
     const path = `/v1/sessions/${encodeURIComponent(checkKey(key))}/turns/${encodeURIComponent(turnId)}`;
     const ex = await this.exchange({ method: "DELETE", path, headers: {}, signal: options.signal });

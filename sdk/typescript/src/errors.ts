@@ -6,7 +6,7 @@
  * is the last retry directive the server sent on the way, when there was one.
  */
 
-/** `{"delay_ms": D, "budget_ms": B}` of a `503` refusal (CONTRACT §3). */
+/** `{"delay_ms": D, "budget_ms": B}` of a `503` refusal (docs/http-api.md, the client API). */
 export interface RetryDirective {
   /** The server's code: `takeover_pending`, `draining`, `store_unavailable`, ... */
   readonly error: string;

@@ -2,7 +2,7 @@
 
 import type { RetryDirective } from "./errors.js";
 
-/** CONTRACT §3: 1–200 bytes of `[A-Za-z0-9._:@-]`. */
+/** docs/http-api.md, the client API: 1–200 bytes of `[A-Za-z0-9._:@-]`. */
 const KEY = /^[A-Za-z0-9._:@-]{1,200}$/;
 
 export function checkKey(key: string): string {

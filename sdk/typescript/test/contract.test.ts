@@ -1,5 +1,5 @@
 /**
- * CONTRACT §9 features (and the header allow-list of §2) through the SDK. The SDK
+ * docs/http-api.md, turn semantics features (and the header allow-list of §2) through the SDK. The SDK
  * implements each; a server that lacks one is detected by a checked condition and the
  * test is SKIPPED with that reason, never passed silently.
  */
@@ -101,7 +101,7 @@ test("every turn's Leasehold-Turn-Id is the client's Idempotency-Key (stable acr
   assert.equal(run?.turnId, answer.idempotencyKey);
 });
 
-test("GET /v1/sessions/{key}/turns/{id} reports a finished turn (CONTRACT §9)", async (t) => {
+test("GET /v1/sessions/{key}/turns/{id} reports a finished turn (docs/http-api.md, turn semantics)", async (t) => {
   const supported = await probeGetTurn();
   if (supported !== true) {
     t.skip(supported);
@@ -116,7 +116,7 @@ test("GET /v1/sessions/{key}/turns/{id} reports a finished turn (CONTRACT §9)",
   assert.equal(await client.turn("get-turn", crypto.randomUUID()), undefined, "an unknown turn is 404");
 });
 
-test("a repeated Idempotency-Key is answered from the record, never run twice; another body is 422 (CONTRACT §9)", async (t) => {
+test("a repeated Idempotency-Key is answered from the record, never run twice; another body is 422 (docs/http-api.md, turn semantics)", async (t) => {
   const client = cluster.client();
   const key = "idempotent";
   const idempotencyKey = crypto.randomUUID();
@@ -161,7 +161,7 @@ async function within<T>(promise: Promise<T>, ms: number): Promise<{ value: T } 
   }
 }
 
-test("Leasehold-Multitask: reject answers 409 busy naming the running turn (CONTRACT §9)", async (t) => {
+test("Leasehold-Multitask: reject answers 409 busy naming the running turn (docs/http-api.md, turn semantics)", async (t) => {
   const key = "multitask-reject";
   const { answer, run } = await heldTurn(key);
   const second = cluster.client().sendTurn(key, { text: "second" }, { multitask: "reject" });
@@ -177,7 +177,7 @@ test("Leasehold-Multitask: reject answers 409 busy naming the running turn (CONT
   assert.equal(outcome.error.turnId, run.turnId);
 });
 
-test("Leasehold-Multitask: interrupt cancels the running turn through the agent (CONTRACT §9)", async (t) => {
+test("Leasehold-Multitask: interrupt cancels the running turn through the agent (docs/http-api.md, turn semantics)", async (t) => {
   const key = "multitask-interrupt";
   const { answer, run } = await heldTurn(key);
   const second = cluster.client().sendTurn(key, { text: "second" }, { multitask: "interrupt" });
@@ -197,7 +197,7 @@ test("Leasehold-Multitask: interrupt cancels the running turn through the agent 
   assert.equal((await second).status, 200);
 });
 
-test("the agent reads a turn's journal (GET /v1/sessions/{key}/turns/{id}/events, CONTRACT §5)", async (t) => {
+test("the agent reads a turn's journal (GET /v1/sessions/{key}/turns/{id}/events, docs/http-api.md, the agent API)", async (t) => {
   const key = "journal";
   await cluster.client().sendTurn(key, { text: "j", journal: true });
   const run = runs.find((r) => r.key === key) as Run;
@@ -210,7 +210,7 @@ test("the agent reads a turn's journal (GET /v1/sessions/{key}/turns/{id}/events
   assert.deepEqual(run.journal, [], "a first attempt has no earlier events");
 });
 
-test("a turn re-dispatched after its owner died mid-turn carries Leasehold-Resume and finds its journal (CONTRACT §9)", async (t) => {
+test("a turn re-dispatched after its owner died mid-turn carries Leasehold-Resume and finds its journal (docs/http-api.md, turn semantics)", async (t) => {
   const supported = await probeGetTurn();
   if (supported !== true) {
     t.skip(`resume needs the turn journal: ${supported}`);
@@ -237,7 +237,7 @@ test("a turn re-dispatched after its owner died mid-turn carries Leasehold-Resum
   );
 });
 
-test("allow-listed client headers reach the agent unchanged (--forward-headers, CONTRACT §2)", async (t) => {
+test("allow-listed client headers reach the agent unchanged (--forward-headers, docs/http-api.md, configuration)", async (t) => {
   const help = spawnSync(join(binDir(), "leasehold-sidecar"), ["--help"], { encoding: "utf8" }).stdout;
   if (!help.includes("--forward-headers")) {
     t.skip("leasehold-sidecar has no --forward-headers: client headers are not forwarded to the agent yet");

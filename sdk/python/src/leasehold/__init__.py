@@ -2,7 +2,7 @@
 
 - `Client` / `AsyncClient`: the public API (turns, events, streams, session views) with
   retry directives honoured and never invented.
-- `leasehold.agent`: an ASGI app for the agent container (CONTRACT §4) and the fenced
+- `leasehold.agent`: an ASGI app for the agent container (docs/http-api.md) and the fenced
   agent API (§5) as a `Session`.
 - `leasehold.langgraph`: a LangGraph checkpointer behind the epoch fence.
 """

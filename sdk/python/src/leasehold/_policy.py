@@ -46,7 +46,7 @@ Multitask = Literal["enqueue", "reject", "interrupt"]
 
 
 def check_key(key: str) -> str:
-    """A session key is 1-200 bytes of `[A-Za-z0-9._:@-]` (CONTRACT §3); `.` and `..` are
+    """A session key is 1-200 bytes of `[A-Za-z0-9._:@-]` (docs/http-api.md); `.` and `..` are
     URL dot segments no HTTP client can send as a path segment."""
     if not KEY_RE.fullmatch(key) or key in (".", ".."):
         raise ValueError(f"invalid session key {key!r}: 1-200 characters of [A-Za-z0-9._:@-]")

@@ -1,4 +1,4 @@
-"""The agent side: an ASGI app that serves CONTRACT §4 and a `Session` over §5.
+"""The agent side: an ASGI app that serves docs/http-api.md and a `Session` over §5.
 
     from leasehold.agent import Session, TurnRequest, create_app
 
@@ -99,7 +99,7 @@ class Checkpoint:
 
 
 class SidecarApi:
-    """The sidecar's agent API (CONTRACT §5), one call per method. Writes carry the
+    """The sidecar's agent API (docs/http-api.md), one call per method. Writes carry the
     epoch; `409 fenced` raises `Fenced`; other refusals raise `HttpError` (with the
     directive, if any); a sidecar that cannot be reached raises `SidecarUnreachable`."""
 
@@ -267,7 +267,7 @@ class Session:
         return event_id
 
     async def journal_events(self) -> list[Event]:
-        """The journaled events of this turn's earlier attempts (CONTRACT §5/§9), to
+        """The journaled events of this turn's earlier attempts (docs/http-api.md/§9), to
         continue a resumed turn (`resume_of` is set). `[]` when there are none — also what
         a sidecar without the turn journal answers (`404`)."""
         turn_id = self.resume_of or self.turn_id

@@ -1,4 +1,4 @@
-"""Clients of the public API (CONTRACT §3): `Client` (blocking) and `AsyncClient`.
+"""Clients of the public API (docs/http-api.md): `Client` (blocking) and `AsyncClient`.
 
     client = leasehold.Client(["http://10.0.0.1:8080", "http://10.0.0.2:8080"])
     answer = client.send_turn("chat-42", {"text": "hello"})
@@ -15,7 +15,7 @@ mid-answer) is raised as `OwnerFailed` / `ConnectionLost`.
 
 `retry_owner_failed=True` re-sends a `502 owner_failed` with the same Idempotency-Key
 (after `owner_failed_delay`, up to `owner_failed_budget`). That is only safe once the
-server records idempotency keys (CONTRACT §9: a repeat of a key never runs twice); on a
+server records idempotency keys (docs/http-api.md: a repeat of a key never runs twice); on a
 server that does not, the turn may run twice. It is off by default for that reason.
 """
 
@@ -261,7 +261,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> TurnResponse:
         """`POST /v1/sessions/{key}/events`: an event from elsewhere in the product (always
-        enqueued behind a running turn, CONTRACT §9)."""
+        enqueued behind a running turn, docs/http-api.md)."""
         path, content, sent, idem = _turn_request(
             key, "events", body, content_type, idempotency_key, None, headers, self.options.headers
         )
@@ -273,7 +273,7 @@ class Client:
         return _session_info(self._request("GET", f"/v1/sessions/{check_key(key)}"))
 
     def turn(self, key: str, turn_id: str) -> TurnInfo | None:
-        """`GET /v1/sessions/{key}/turns/{turn_id}` (CONTRACT §9); `None` on `404`."""
+        """`GET /v1/sessions/{key}/turns/{turn_id}` (docs/http-api.md); `None` on `404`."""
         if not IDEMPOTENCY_KEY_RE.fullmatch(turn_id):
             raise ValueError("a turn id is 1-255 visible ASCII characters")
         path = f"/v1/sessions/{check_key(key)}/turns/{quote(turn_id, safe='')}"

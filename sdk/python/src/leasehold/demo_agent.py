@@ -1,5 +1,5 @@
 """The reference agent in Python: the same behaviour as the Rust `leasehold-demo-agent`
-(CONTRACT §4a), written with `leasehold.agent`.
+(docs/http-api.md), written with `leasehold.agent`.
 
 A turn's body is JSON `{"text": "...", "think_ms": 0, "tokens": 5}` (all optional; an
 event's `{"name": "..."}` is recorded as `event:<name>`). For each turn it thaws its

@@ -1,5 +1,5 @@
 """Typed errors. Every error carries the contract's error code and, for a refusal, its
-retry directive (CONTRACT §3), so a caller can tell "not now" from "it may have run".
+retry directive (docs/http-api.md), so a caller can tell "not now" from "it may have run".
 
     LeaseholdError
     ├── HttpError                 a non-success answer (status, code, body)

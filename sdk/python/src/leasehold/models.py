@@ -83,7 +83,7 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class TurnInfo:
-    """`GET /v1/sessions/{key}/turns/{id}` (CONTRACT §9): a turn's state, and its
+    """`GET /v1/sessions/{key}/turns/{id}` (docs/http-api.md): a turn's state, and its
     recorded answer once finished. `raw` is the whole JSON object."""
 
     turn_id: str
@@ -112,7 +112,7 @@ class TurnResponse:
     """The agent's answer to a turn or event, after any directed retries.
 
     `owner`/`epoch` come from `Leasehold-Owner`/`Leasehold-Epoch`; `replayed` is
-    `Leasehold-Replayed: true` (an exactly-once replay, CONTRACT §9); `directives` lists
+    `Leasehold-Replayed: true` (an exactly-once replay, docs/http-api.md); `directives` lists
     the refusal codes obeyed on the way; `url` is the base URL that answered."""
 
     status: int
