@@ -25,6 +25,10 @@ struct Args {
     /// Sessions, each a client sending sequential turns.
     #[arg(long, default_value_t = 8)]
     sessions: usize,
+    /// Each turn asks the agent to think up to this long (e.g. `0ms`: turns are all
+    /// store writes, so faults land on writes more often).
+    #[arg(long, default_value = "150ms", value_parser = humantime::parse_duration)]
+    max_think: Duration,
     /// Bound on the fault phase (e.g. `90m`, `150s`): the schedule stops early rather
     /// than overrun it.
     #[arg(long, default_value = "90m", value_parser = humantime::parse_duration)]
@@ -35,6 +39,10 @@ struct Args {
     /// Print every turn that did not end acknowledged.
     #[arg(long)]
     verbose: bool,
+    /// Keep every process's log, the histories and the clients' logs even without an
+    /// anomaly (they are kept with one).
+    #[arg(long)]
+    keep_logs: bool,
 }
 
 #[tokio::main]
@@ -46,10 +54,12 @@ async fn main() -> ExitCode {
         seed,
         faults: args.faults,
         sessions: args.sessions,
+        max_think: args.max_think,
         duration: args.duration,
         kinds: if args.kinds.is_empty() { FaultKind::ALL.to_vec() } else { args.kinds },
         cluster: ChaosOptions::short_leases(),
         verbose: args.verbose,
+        keep_logs: args.keep_logs,
     };
     let report = tokio::select! {
         report = chaos::run(options) => report,

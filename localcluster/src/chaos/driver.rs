@@ -22,8 +22,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longer than the longest freeze a run injects (2 TTLs) plus a forwarded turn's bound
 /// when its owner freezes (about 3 TTLs): an answer still missing after this is ambiguous.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
-/// A turn thinks up to this long, so faults land in the middle of turns too.
-const MAX_THINK_MS: u64 = 150;
 /// Up to this long between a session's turns, so the cluster is busy but not saturated.
 const MAX_TURN_GAP_MS: u64 = 100;
 /// How much of an unexpected body a record keeps.
@@ -40,14 +38,22 @@ pub struct Driver {
     nodes: Vec<String>,
     http: reqwest::Client,
     next_node: usize,
+    max_think: Duration,
     rng: StdRng,
     log: SharedLog,
 }
 
 impl Driver {
     /// The client of session `key` over `nodes` (public base URLs), starting at node
-    /// `first`; `seed` varies its think times and pauses.
-    pub fn new(key: &str, nodes: Vec<String>, first: usize, seed: u64) -> reqwest::Result<Driver> {
+    /// `first`; each turn asks the agent to think up to `max_think`; `seed` varies the
+    /// think times and the pauses between turns.
+    pub fn new(
+        key: &str,
+        nodes: Vec<String>,
+        first: usize,
+        max_think: Duration,
+        seed: u64,
+    ) -> reqwest::Result<Driver> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
@@ -56,14 +62,8 @@ impl Driver {
             .pool_max_idle_per_host(0)
             .build()?;
         let log = Arc::new(Mutex::new(SessionLog { key: key.to_owned(), turns: Vec::new() }));
-        Ok(Driver {
-            key: key.to_owned(),
-            nodes,
-            http,
-            next_node: first,
-            rng: StdRng::seed_from_u64(seed),
-            log,
-        })
+        let rng = StdRng::seed_from_u64(seed);
+        Ok(Driver { key: key.to_owned(), nodes, http, next_node: first, max_think, rng, log })
     }
 
     pub fn log(&self) -> SharedLog {
@@ -107,7 +107,7 @@ impl Driver {
 
     /// One turn to its final outcome, and the directives obeyed on the way.
     async fn turn(&mut self, text: &str) -> (Outcome, Vec<String>) {
-        let think_ms = self.rng.random_range(0..=MAX_THINK_MS);
+        let think_ms = self.rng.random_range(0..=self.max_think.as_millis() as u64);
         let body = json!({ "text": text, "think_ms": think_ms, "tokens": 2 }).to_string();
         let mut obeying = Obeying::default();
         let mut refused_connections = 0;

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use super::{
-    schedule::{Fault, FaultKind},
+    schedule::{Fault, FaultKind, Part},
+    store_link::StoreLink,
     testbed::Testbed,
 };
 use crate::{
@@ -14,6 +15,9 @@ use crate::{
     Node,
 };
 
+/// Every turn ends with a checkpoint write: if none passes any store link in this long,
+/// no turn is running, and the scheduled node's link is cut anyway.
+const WRITE_WAIT: Duration = Duration::from_secs(5);
 /// The drain command waits for in-flight turns up to the cluster's drain timeout; past
 /// that plus this, it is hung.
 const DRAIN_MARGIN: Duration = Duration::from_secs(10);
@@ -29,6 +33,8 @@ pub enum InjectError {
     Postgres(String),
     #[error(transparent)]
     Firewall(#[from] BlackholeError),
+    #[error("no checkpoint write in {WRITE_WAIT:?}; {node}'s store link cut anyway")]
+    NoWriteToHold { node: String },
 }
 
 /// Do `fault` to `bed`, hold it, undo it.
@@ -43,9 +49,12 @@ pub async fn inject(bed: &mut Testbed, fault: &Fault) -> Result<(), InjectError>
         }
         FaultKind::PauseUnderTtl | FaultKind::PausePastTtl => {
             let node = &bed.cluster.nodes[fault.node];
-            node.pause();
+            match fault.part {
+                Part::Pod => node.pause(),
+                Part::SidecarOnly => node.sidecar.pause(),
+            }
             tokio::time::sleep(hold).await;
-            node.resume();
+            node.resume(); // both: resuming a running process does nothing
             Ok(())
         }
         FaultKind::DrainRestart => {
@@ -71,6 +80,23 @@ pub async fn inject(bed: &mut Testbed, fault: &Fault) -> Result<(), InjectError>
             link.mend();
             Ok(())
         }
+        FaultKind::StorePartitionMidWrite => {
+            let held = cut_at_next_write(&bed.links).await;
+            if held.is_none() {
+                bed.links[fault.node].cut();
+            }
+            tokio::time::sleep(hold).await;
+            for link in &bed.links {
+                link.mend();
+            }
+            match held {
+                Some(node) => {
+                    eprintln!("    {}'s checkpoint write is held", bed.cluster.nodes[node].name);
+                    Ok(())
+                }
+                None => Err(InjectError::NoWriteToHold { node: bed.cluster.nodes[fault.node].name.clone() }),
+            }
+        }
         FaultKind::PeerPartition => {
             let hole = Blackhole::port(bed.cluster.nodes[fault.node].ip, PEER_PORT)?;
             tokio::time::sleep(hold).await;
@@ -78,6 +104,20 @@ pub async fn inject(bed: &mut Testbed, fault: &Fault) -> Result<(), InjectError>
             Ok(())
         }
     }
+}
+
+/// Arm every node's store link; the first checkpoint write to pass one cuts that link
+/// and disarms the others. Which node's write is held, if one came within [`WRITE_WAIT`].
+async fn cut_at_next_write(links: &[StoreLink]) -> Option<usize> {
+    for link in links {
+        link.arm();
+    }
+    let first = futures_util::future::select_all(links.iter().map(|link| Box::pin(link.tripped())));
+    let tripped = tokio::time::timeout(WRITE_WAIT, first).await.ok().map(|((), node, _)| node);
+    for link in links {
+        link.disarm();
+    }
+    tripped
 }
 
 /// A new pod in the old one's place: both containers start again; wait until ready.

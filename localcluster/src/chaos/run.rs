@@ -16,6 +16,9 @@ use super::{
 };
 use crate::{Blackhole, ClusterOptions};
 
+/// Turns think up to this long by default: faults land in the middle of turns as well as
+/// on their writes.
+pub const DEFAULT_MAX_THINK: Duration = Duration::from_millis(150);
 /// Sessions get going before the first fault.
 const WARM_UP: Duration = Duration::from_secs(1);
 /// After the last fault, the healed cluster serves this many TTLs before the clients
@@ -36,13 +39,18 @@ pub struct ChaosOptions {
     /// Faults in the schedule.
     pub faults: usize,
     pub sessions: usize,
+    /// Each turn asks the agent to think up to this long (so faults land mid-turn); the
+    /// shorter, the larger the share of a turn spent writing to the store.
+    pub max_think: Duration,
     /// Bound on the fault phase: the schedule stops early rather than overrun it.
     pub duration: Duration,
     /// The kinds to draw from; a kind this process cannot inject is left out (and said so).
     pub kinds: Vec<FaultKind>,
     pub cluster: ClusterOptions,
-    /// Print every turn that did not end acknowledged, as it ends.
+    /// Print every turn that did not end acknowledged, at the end.
     pub verbose: bool,
+    /// Keep the processes' logs, histories and client logs even without an anomaly.
+    pub keep_logs: bool,
 }
 
 impl ChaosOptions {
@@ -63,10 +71,12 @@ impl ChaosOptions {
             seed,
             faults: 32,
             sessions: 6,
+            max_think: DEFAULT_MAX_THINK,
             duration: Duration::from_secs(140),
             kinds: FaultKind::ALL.to_vec(),
             cluster: Self::short_leases(),
             verbose: false,
+            keep_logs: false,
         }
     }
 }
@@ -85,7 +95,7 @@ fn usable(wanted: &[FaultKind]) -> (Vec<FaultKind>, Vec<(FaultKind, String)>) {
     (kinds, skipped)
 }
 
-/// Keep what a run with anomalies leaves behind (every process's log, the histories, the
+/// Keep what a run (with anomalies) leaves behind (every process's log, the histories, the
 /// clients' logs) in a directory named for its seed, and say where.
 fn keep_evidence(bed: &Testbed, seed: u64, histories: &BTreeMap<String, Vec<String>>, logs: &[SessionLog]) {
     let dir = std::env::temp_dir().join(format!("leasehold-chaos-{seed}-{}", std::process::id()));
@@ -117,7 +127,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
     let mut logs: Vec<SharedLog> = Vec::new();
     for i in 0..options.sessions {
         let seed = options.seed.wrapping_add(i as u64 + 1);
-        let driver = Driver::new(&format!("s{i}"), bed.public_urls(), i, seed)?;
+        let driver = Driver::new(&format!("s{i}"), bed.public_urls(), i, options.max_think, seed)?;
         logs.push(driver.log());
         clients.spawn(driver.run(stopped.clone()));
     }
@@ -163,7 +173,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
         }
     }
     let anomalies = checker::check(&histories, &logs);
-    if !anomalies.is_empty() {
+    if !anomalies.is_empty() || options.keep_logs {
         keep_evidence(&bed, options.seed, &histories, &logs);
     }
     let (directives, reasons) = tallies(&logs);

@@ -10,9 +10,10 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 pub enum FaultKind {
     /// `kill -9` of a pod's sidecar and agent; both start again after `hold`.
     Kill9Restart,
-    /// SIGSTOP of a pod for less than the lease TTL, then SIGCONT.
+    /// SIGSTOP of a pod (or of its sidecar alone) for less than the lease TTL, then SIGCONT.
     PauseUnderTtl,
-    /// SIGSTOP of a pod past the lease TTL (its sessions are taken over), then SIGCONT.
+    /// SIGSTOP of a pod (or of its sidecar alone) past the lease TTL (its sessions are
+    /// taken over), then SIGCONT.
     PausePastTtl,
     /// `leasehold-sidecar drain` of a pod, then its containers restart after `hold`.
     DrainRestart,
@@ -20,18 +21,23 @@ pub enum FaultKind {
     PostgresRestart,
     /// One pod's connection to the store holds every byte for `hold` (statements hang).
     StorePartition,
+    /// The same, beginning as the next checkpoint write (of whichever pod writes first)
+    /// passes: that write is held and arrives when the partition heals, perhaps after a
+    /// takeover. The scheduled pod's link is cut if no write comes.
+    StorePartitionMidWrite,
     /// The kernel drops all traffic to and from one pod's peer port for `hold` (root).
     PeerPartition,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Kill9Restart,
         FaultKind::PauseUnderTtl,
         FaultKind::PausePastTtl,
         FaultKind::DrainRestart,
         FaultKind::PostgresRestart,
         FaultKind::StorePartition,
+        FaultKind::StorePartitionMidWrite,
         FaultKind::PeerPartition,
     ];
 
@@ -43,6 +49,7 @@ impl FaultKind {
             FaultKind::DrainRestart => "drain_restart",
             FaultKind::PostgresRestart => "postgres_restart",
             FaultKind::StorePartition => "store_partition",
+            FaultKind::StorePartitionMidWrite => "store_partition_mid_write",
             FaultKind::PeerPartition => "peer_partition",
         }
     }
@@ -56,6 +63,8 @@ impl FaultKind {
             FaultKind::DrainRestart => (0.0, 0.5),
             FaultKind::PostgresRestart => (0.0, 1.5),
             FaultKind::StorePartition | FaultKind::PeerPartition => (0.25, 2.0),
+            // Mostly past the TTL: the held write then arrives after a takeover.
+            FaultKind::StorePartitionMidWrite => (0.5, 3.0),
         }
     }
 
@@ -63,6 +72,19 @@ impl FaultKind {
     pub fn targets_a_node(self) -> bool {
         self != FaultKind::PostgresRestart
     }
+
+    /// Whether the fault may be done to the sidecar alone (a freeze of one container:
+    /// its agent carries on and its calls to the sidecar wait).
+    fn may_spare_the_agent(self) -> bool {
+        matches!(self, FaultKind::PauseUnderTtl | FaultKind::PausePastTtl)
+    }
+}
+
+/// Which containers of the pod a fault is done to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Pod,
+    SidecarOnly,
 }
 
 impl fmt::Display for FaultKind {
@@ -72,8 +94,12 @@ impl fmt::Display for FaultKind {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown fault kind {0:?} (known: kill9_restart, pause_under_ttl, pause_past_ttl, drain_restart, postgres_restart, store_partition, peer_partition)")]
+#[error("unknown fault kind {0:?} (known: {known})", known = known_kinds())]
 pub struct UnknownKind(String);
+
+fn known_kinds() -> String {
+    FaultKind::ALL.map(FaultKind::name).join(", ")
+}
 
 impl FromStr for FaultKind {
     type Err = UnknownKind;
@@ -83,12 +109,13 @@ impl FromStr for FaultKind {
     }
 }
 
-/// One fault: after `gap` of quiet, `kind` is done to node `node` (ignored for the store)
-/// and lasts `hold`.
+/// One fault: after `gap` of quiet, `kind` is done to `part` of node `node` (both
+/// ignored for the store) and lasts `hold`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fault {
     pub kind: FaultKind,
     pub node: usize,
+    pub part: Part,
     pub hold: Duration,
     pub gap: Duration,
 }
@@ -98,7 +125,8 @@ impl fmt::Display for Fault {
         let hold = self.hold.as_millis();
         if self.kind.targets_a_node() {
             let node = (b'a' + self.node as u8) as char;
-            write!(f, "{} node-{node} for {hold} ms", self.kind)
+            let part = if self.part == Part::SidecarOnly { "'s sidecar" } else { "" };
+            write!(f, "{} node-{node}{part} for {hold} ms", self.kind)
         } else {
             write!(f, "{} for {hold} ms", self.kind)
         }
@@ -121,8 +149,10 @@ pub fn generate(seed: u64, count: usize, kinds: &[FaultKind], nodes: usize, ttl:
         let gap = fraction_of(ttl, GAP_IN_TTLS, &mut rng);
         let kind = kinds[rng.random_range(0..kinds.len())];
         let node = rng.random_range(0..nodes);
+        let part =
+            if kind.may_spare_the_agent() && rng.random_bool(0.5) { Part::SidecarOnly } else { Part::Pod };
         let hold = fraction_of(ttl, kind.hold_in_ttls(), &mut rng);
-        faults.push(Fault { kind, node, hold, gap });
+        faults.push(Fault { kind, node, part, hold, gap });
     }
     faults
 }
@@ -152,13 +182,16 @@ mod tests {
         for kind in FaultKind::ALL {
             assert!(faults.iter().any(|f| f.kind == kind), "{kind} never drawn");
         }
+        let sidecar_only = |kind| faults.iter().any(|f| f.kind == kind && f.part == Part::SidecarOnly);
+        assert!(sidecar_only(FaultKind::PauseUnderTtl) && sidecar_only(FaultKind::PausePastTtl));
         for f in &faults {
             assert!(f.node < 3);
+            assert!(f.part == Part::Pod || f.kind.may_spare_the_agent(), "{f}");
             assert!(f.gap < TTL / 2, "{f}");
             match f.kind {
                 FaultKind::PauseUnderTtl => assert!(f.hold < TTL, "{f}"),
                 FaultKind::PausePastTtl => assert!(f.hold > TTL, "{f}"),
-                _ => assert!(f.hold <= TTL * 2, "{f}"),
+                _ => assert!(f.hold <= TTL * 3, "{f}"),
             }
         }
     }

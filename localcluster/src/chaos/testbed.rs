@@ -1,20 +1,21 @@
 //! The cluster a chaos run works on, with the handles its faults need: a private Postgres
-//! (it can be stopped and started), and one cuttable [`Link`] per node between that node's
-//! sidecar and the store.
+//! (it can be stopped and started), and one cuttable [`StoreLink`] per node between that
+//! node's sidecar and the store.
 
 use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
-use crate::{postgres::fresh_database, Cluster, ClusterOptions, Link, Postgres};
+use super::store_link::StoreLink;
+use crate::{postgres::fresh_database, Cluster, ClusterOptions, Postgres};
 
 /// Fields drop in order: the processes go first, then the links, then the store.
 #[derive(Debug)]
 pub struct Testbed {
     pub cluster: Cluster,
     /// `links[i]` carries node `i`'s connections to the store.
-    pub links: Vec<Link>,
+    pub links: Vec<StoreLink>,
     postgres: Arc<Postgres>,
     postgres_up: bool,
     /// The store, reached directly (not through a link).
@@ -28,7 +29,7 @@ impl Testbed {
         let database_url = fresh_database(postgres.url()).await.context("create the database")?;
         let mut links = Vec::new();
         for _ in 0..options.nodes {
-            links.push(Link::to_database(&database_url).await.context("start a store link")?);
+            links.push(StoreLink::to_database(&database_url).await.context("start a store link")?);
         }
         let database_urls = links.iter().map(|link| Some(link.database_url(&database_url))).collect();
         let cluster = Cluster::start(&database_url, ClusterOptions { database_urls, ..options }).await?;
