@@ -60,8 +60,10 @@ cd "$here"
 echo "== ruff" >&2
 "$venv/bin/ruff" check src tests examples
 "$venv/bin/ruff" format --check src tests examples
-echo "== mypy --strict src" >&2
-"$venv/bin/mypy" --strict src
+echo "== mypy --strict src examples" >&2
+"$venv/bin/mypy" --strict src examples
+echo "== docs snippets" >&2
+python3 "$repo/docs/check-snippets.py" sdk/python
 echo "== pytest" >&2
 # One test at a time: the cluster tests measure recovery against lease TTLs on 2 cores.
 "$repo/scripts/with-postgres.sh" "$venv/bin/pytest" -rs "$@"

@@ -29,6 +29,7 @@ fi
 rm -rf dist
 npx tsc -p tsconfig.json
 npx eslint .
+python3 "$repo/docs/check-snippets.py" sdk/typescript  # the docs' snippets are still the examples
 
 export LEASEHOLD_BIN_DIR=${LEASEHOLD_BIN_DIR:-$repo/target/debug}
 for bin in leasehold-sidecar; do
