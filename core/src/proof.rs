@@ -12,8 +12,17 @@
 //! `Leasehold-Peer-Signed-Headers` and always include `leasehold-turn-id` and
 //! `content-type` (an absent header signs as an empty value). The receiver accepts a
 //! proof only within a short window of its own clock and only once (nonces are
-//! remembered for the window). During a rotation a proof made with the previous secret
-//! is accepted too; proofs are always made with the current one.
+//! remembered for the window).
+//!
+//! # Rotation
+//!
+//! A sidecar may hold a previous secret besides the current one. It accepts proofs made
+//! with either, signs with the current one, and when a peer refuses that proof (a `401`
+//! marked as a sidecar refusal) signs once more with the previous one
+//! ([`PeerAuth::sign_previous`]): a refused proof means the request was not run, so
+//! re-sending it is safe. That makes a one-step rotation (`current: new, previous: old`)
+//! safe while pods roll: new pods reach old pods with the old secret, old pods reach new
+//! ones with it too, and nobody waits for every pod to restart.
 
 use std::{
     collections::HashSet,
@@ -166,13 +175,35 @@ impl PeerAuth {
         self.sign_at(request, extra, now_ms())
     }
 
+    /// The proof made with the previous secret, for a peer that refused the current one;
+    /// `None` without a previous secret (nothing else to try).
+    pub fn sign_previous(
+        &self,
+        request: &Signed<'_>,
+        extra: &[HeaderName],
+    ) -> Option<Vec<(HeaderName, HeaderValue)>> {
+        let key = self.keys.get(1)?;
+        Some(Self::sign_with(key, request, extra, now_ms()))
+    }
+
     pub fn sign_at(
         &self,
         request: &Signed<'_>,
         extra: &[HeaderName],
         ts_ms: u64,
     ) -> Vec<(HeaderName, HeaderValue)> {
-        let Some(key) = self.keys.first() else { return Vec::new() };
+        match self.keys.first() {
+            Some(key) => Self::sign_with(key, request, extra, ts_ms),
+            None => Vec::new(),
+        }
+    }
+
+    fn sign_with(
+        key: &HmacSha256,
+        request: &Signed<'_>,
+        extra: &[HeaderName],
+        ts_ms: u64,
+    ) -> Vec<(HeaderName, HeaderValue)> {
         let covered: Vec<&str> =
             ALWAYS_SIGNED.into_iter().chain(extra.iter().map(HeaderName::as_str)).collect();
         let ts = ts_ms.to_string();
@@ -326,6 +357,22 @@ mod tests {
             sent
         };
         assert_eq!(auth.verify(&request(&old, "node-b", b"hi")), Err(AuthError::Stale));
+    }
+
+    /// Mid-rotation: a new pod (current new, previous old) and an old pod (old only).
+    #[test]
+    fn a_rotation_reaches_old_pods_with_the_previous_secret() {
+        let new_pod = PeerAuth::new(Some("new"), Some("old"));
+        let old_pod = PeerAuth::new(Some("old"), None);
+        let (h, body) = (turn_headers(), b"hi".as_slice());
+        let sent = signed(&new_pod, &h, "node-b", body);
+        assert_eq!(old_pod.verify(&request(&sent, "node-b", body)), Err(AuthError::BadSignature));
+        let mut retried = h.clone();
+        retried.extend(new_pod.sign_previous(&request(&h, "node-b", body), &[]).expect("a previous secret"));
+        assert_eq!(old_pod.verify(&request(&retried, "node-b", body)), Ok(()));
+        let from_old = signed(&old_pod, &h, "node-b", body);
+        assert_eq!(new_pod.verify(&request(&from_old, "node-b", body)), Ok(()), "old proofs still accepted");
+        assert!(old_pod.sign_previous(&request(&h, "node-b", body), &[]).is_none(), "nothing else to try");
     }
 
     #[test]

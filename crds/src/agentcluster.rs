@@ -196,13 +196,23 @@ pub struct ClusterSecretRef {
     /// Key within the Secret whose value is the shared secret.
     #[serde(default = "default_cluster_secret_key")]
     pub key: String,
+    /// Key within the Secret whose value, when present, is the secret before a rotation:
+    /// sidecars still accept it, and fall back to it for peers that refuse the new one.
+    #[serde(default = "default_previous_cluster_secret_key")]
+    pub previous_key: String,
 }
 
 /// The key the operator uses in a cluster secret it creates.
 pub const CLUSTER_SECRET_KEY: &str = "cluster-secret";
+/// The key holding the secret before a rotation, unless the spec names another.
+pub const PREVIOUS_CLUSTER_SECRET_KEY: &str = "cluster-secret-previous";
 
 fn default_cluster_secret_key() -> String {
     CLUSTER_SECRET_KEY.into()
+}
+
+fn default_previous_cluster_secret_key() -> String {
+    PREVIOUS_CLUSTER_SECRET_KEY.into()
 }
 
 /// The Service for the public port.

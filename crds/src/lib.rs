@@ -5,7 +5,7 @@ pub mod agentcluster;
 
 pub use agentcluster::{
     AgentCluster, AgentClusterSpec, AgentClusterStatus, ClusterSecretRef, DatabaseRef, RolloutSpec,
-    ServiceSpec, ServiceType, SidecarSpec, CLUSTER_SECRET_KEY,
+    ServiceSpec, ServiceType, SidecarSpec, CLUSTER_SECRET_KEY, PREVIOUS_CLUSTER_SECRET_KEY,
 };
 
 /// The CRD as YAML, exactly as checked in at `crds/agentcluster.yaml`.

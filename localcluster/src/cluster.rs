@@ -196,6 +196,9 @@ impl Node {
     /// A container restart with one setting changed (e.g. a rotated `--cluster-secret`):
     /// `flag`'s value is replaced, or the flag added.
     pub fn restart_sidecar_with(&mut self, flag: &str, value: &str) {
+        if flag == "--cluster-secret" {
+            self.cluster_secret = Some(value.to_owned());
+        }
         match self.sidecar_cmd.iter().position(|a| a == flag) {
             Some(at) => self.sidecar_cmd[at + 1] = value.to_owned(),
             None => self.sidecar_cmd.extend([flag.to_owned(), value.to_owned()]),

@@ -218,6 +218,63 @@ async fn a_pod_with_another_secret_gets_a_502_saying_so_never_a_401() {
     }
 }
 
+/// A one-step rotation (`current: new, previous: old`) while pods roll: restarted pods
+/// reach pods not yet restarted by falling back to the old secret, and are reached with
+/// it; turns, followers and drains all keep working, and nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_mid_roll_loses_no_turn() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options =
+        ClusterOptions { nodes: 2, cluster_secret: Some("old-secret".into()), ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let client = cluster.client();
+    let body = |text: &str| json!({ "text": text, "tokens": 0 }).to_string();
+    let urls: Vec<String> = cluster.nodes.iter().map(|n| n.public_url()).collect();
+    let turn = |node: usize, key: &str, text: &str| {
+        let url = format!("{}/v1/sessions/{key}/turns", urls[node]);
+        reqwest::Client::new().post(url).body(body(text)).send()
+    };
+    // "on-old" is owned by node-a, which keeps the old secret.
+    let first = client.post("/v1/sessions/on-old/turns", body("one").into(), Some(0)).await.unwrap();
+    assert_eq!(first.owner.as_deref(), Some("node-a"));
+
+    // node-b restarts mid-rotation: signs with the new secret, still accepts the old one.
+    cluster.nodes[1].restart_sidecar_with("--cluster-secret-previous", "old-secret");
+    cluster.nodes[1].restart_sidecar_with("--cluster-secret", "new-secret");
+    cluster.nodes[1].wait_ready().await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let failures_before = a.metric("leasehold_peer_auth_failures_total", "").await;
+
+    // new → old: refused with the new secret, sent again with the previous one.
+    let forwarded = turn(1, "on-old", "two").await.unwrap();
+    assert_eq!(forwarded.status(), 200, "{:?}", forwarded.text().await);
+    assert!(a.metric("leasehold_peer_auth_failures_total", "").await > failures_before, "fell back");
+    // old → new: node-a's old proof is accepted as the previous secret.
+    let owned_by_b = turn(1, "on-new", "three").await.unwrap();
+    assert_eq!(owned_by_b.status(), 200);
+    let via_a = turn(0, "on-new", "four").await.unwrap();
+    assert_eq!(via_a.status(), 200, "{:?}", via_a.text().await);
+    assert_eq!(support::history(&db, "on-old").await, ["one", "two"], "each turn ran once");
+    assert_eq!(support::history(&db, "on-new").await, ["three", "four"], "each turn ran once");
+    assert_eq!(b.metric("leasehold_peer_rejections_total", "").await, 0.0, "no turn was refused");
+
+    // A follower on node-b streams node-a's session (GET, same fallback).
+    let stream = format!("{}/v1/sessions/on-old/stream", b.public_url());
+    let mut observer = localcluster::Observer::open(&stream, None).await.unwrap();
+    let five = turn(0, "on-old", "five").await.unwrap();
+    assert_eq!(five.status(), 200);
+    let finished = localcluster::observer::turn_finished(3);
+    observer.until(std::time::Duration::from_secs(10), finished).await.unwrap();
+
+    // The drain command with the new secret on node-b (it knows both), and with the old
+    // one on node-a: neither is refused.
+    let report = b.drain().await;
+    assert_eq!(report["handed_back"], 1, "{report}");
+    let report = a.drain().await;
+    assert_eq!(report["handed_back"], 1, "{report}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_documented_status_and_breaks_nothing() {
     let db = support::database().await;

@@ -23,10 +23,13 @@ use k8s_openapi::{
     },
 };
 use kube::{Resource, ResourceExt};
-use leasehold_crds::{AgentCluster, CLUSTER_SECRET_KEY};
+use leasehold_crds::{AgentCluster, CLUSTER_SECRET_KEY, PREVIOUS_CLUSTER_SECRET_KEY};
 use sha2::{Digest, Sha256};
 
-use crate::validate::{Timings, ADMIN_PORT, PEER_PORT, PUBLIC_PORT, SIDECAR_CONTAINER};
+use crate::{
+    cluster_keys::SECRET_VERSION,
+    validate::{Timings, ADMIN_PORT, PEER_PORT, PUBLIC_PORT, SIDECAR_CONTAINER},
+};
 
 /// The label every child and pod carries; pods are found by it.
 pub const CLUSTER_LABEL: &str = "leasehold.dev/cluster";
@@ -65,6 +68,13 @@ pub fn cluster_secret_key(ac: &AgentCluster) -> String {
     ac.spec.cluster_secret.as_ref().map_or_else(|| CLUSTER_SECRET_KEY.to_owned(), |s| s.key.clone())
 }
 
+pub fn previous_cluster_secret_key(ac: &AgentCluster) -> String {
+    ac.spec
+        .cluster_secret
+        .as_ref()
+        .map_or_else(|| PREVIOUS_CLUSTER_SECRET_KEY.to_owned(), |s| s.previous_key.clone())
+}
+
 fn meta(ac: &AgentCluster, name: String) -> ObjectMeta {
     let owner: OwnerReference = ac.controller_owner_ref(&()).expect("an AgentCluster from the API has a uid");
     ObjectMeta {
@@ -91,6 +101,15 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// An environment variable from a Secret key that may be absent (then it is unset).
+fn optional_secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    let mut var = secret_env(name, secret, key);
+    if let Some(selector) = var.value_from.as_mut().and_then(|from| from.secret_key_ref.as_mut()) {
+        selector.optional = Some(true);
+    }
+    var
+}
+
 fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
@@ -114,11 +133,6 @@ fn admin_get(path: &str) -> HTTPGetAction {
     }
 }
 
-/// The preStop hook: the kubelet calls the sidecar's drain before any container gets
-/// SIGTERM, so every lease is handed back first (GET: kubelet hooks cannot POST).
-/// Every container carries it, so the agent's SIGTERM also waits for the drain. The
-/// port is a number: the kubelet resolves a named port only among the ports of the
-/// container the hook belongs to, and only the sidecar declares `admin`.
 /// The sidecar container's preStop hook: drain this pod, signed with the cluster secret
 /// from the container's environment (the operator drains it first when it sees the pod
 /// terminating; this is the backstop).
@@ -163,6 +177,11 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
             field_env("POD_IP", "status.podIP"),
             secret_env("DATABASE_URL", &spec.database.secret_name, &spec.database.key),
             secret_env("LEASEHOLD_CLUSTER_SECRET", &cluster_secret_name(ac), &cluster_secret_key(ac)),
+            optional_secret_env(
+                "LEASEHOLD_CLUSTER_SECRET_PREVIOUS",
+                &cluster_secret_name(ac),
+                &previous_cluster_secret_key(ac),
+            ),
             env("LEASEHOLD_AGENT_URL", format!("http://127.0.0.1:{}", spec.agent_port)),
             env("LEASEHOLD_LEASE_TTL", &s.lease_ttl),
             env("LEASEHOLD_HEARTBEAT_INTERVAL", &s.heartbeat_interval),
@@ -213,15 +232,16 @@ pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
     hex::encode(&Sha256::digest(shaping.to_string().as_bytes())[..8])
 }
 
-pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str) -> Deployment {
+/// `secret_version`: [`crate::cluster_keys::ClusterKeys::version`] of the cluster secret,
+/// so that changing its values rolls the pods.
+pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str, secret_version: &str) -> Deployment {
     let spec = &ac.spec;
     let mut template: PodTemplateSpec = spec.template.clone();
     let mut pod_meta = template.metadata.take().unwrap_or_default();
     pod_meta.labels.get_or_insert_with(BTreeMap::new).extend(labels(ac));
-    pod_meta
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
+    let annotations = pod_meta.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
+    annotations.insert(SECRET_VERSION.to_owned(), secret_version.to_owned());
     let mut pod: PodSpec = template.spec.take().unwrap_or_default();
     for container in &mut pod.containers {
         container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = Some(agent_drained_hook());

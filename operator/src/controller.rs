@@ -26,6 +26,7 @@ use serde_json::json;
 
 use crate::{
     build::{self, CLUSTER_LABEL},
+    cluster_keys::ClusterKeys,
     error::{kube, Error, Result},
     metrics::Metrics,
     stores::Stores,
@@ -113,8 +114,11 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
         }
     };
     ensure_cluster_secret(ctx, &ns, ac).await?;
-    let deployment =
-        apply(&ctx.api::<Deployment>(&ns), &build::deployment(ac, &timings, &ctx.sidecar_image)).await?;
+    // Read on every reconcile (at least every STATUS_REFRESH): a changed value rolls the
+    // pods without the operator needing to list or watch Secrets.
+    let keys = cluster_keys(ctx, &ns, ac).await?;
+    let built = build::deployment(ac, &timings, &ctx.sidecar_image, &keys.version());
+    let deployment = apply(&ctx.api::<Deployment>(&ns), &built).await?;
     apply(&ctx.api::<Service>(&ns), &build::service(ac)).await?;
     apply(&ctx.api::<PodDisruptionBudget>(&ns), &build::pod_disruption_budget(ac)).await?;
     apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac, &ctx.admin_callers)).await?;
@@ -273,12 +277,35 @@ async fn collect_expired(ctx: &Context, ns: &str, ac: &AgentCluster, retention: 
     }
 }
 
+/// Values of a Secret, as text: the first key is required, the others optional.
+async fn secret_values<const N: usize>(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    keys: [&str; N],
+) -> Result<[Option<String>; N]> {
+    let secret = ctx.api::<Secret>(ns).get_opt(name).await.map_err(kube("get secret"))?;
+    let data = secret.and_then(|s| s.data).unwrap_or_default();
+    let mut values = std::array::from_fn(|_| None);
+    for (value, key) in values.iter_mut().zip(keys) {
+        *value = match data.get(key) {
+            None => None,
+            Some(bytes) => Some(
+                String::from_utf8(bytes.0.clone())
+                    .map_err(|_| Error::SecretValue(name.to_owned(), key.to_owned()))?,
+            ),
+        };
+    }
+    if values[0].is_none() {
+        return Err(Error::SecretValue(name.to_owned(), keys[0].to_owned()));
+    }
+    Ok(values)
+}
+
 /// One value of a Secret, as text.
 async fn secret_value(ctx: &Context, ns: &str, name: &str, key: &str) -> Result<String> {
-    let secret = ctx.api::<Secret>(ns).get_opt(name).await.map_err(kube("get secret"))?;
-    let missing = || Error::SecretValue(name.to_owned(), key.to_owned());
-    let value = secret.and_then(|s| s.data).and_then(|d| d.get(key).cloned()).ok_or_else(missing)?;
-    String::from_utf8(value.0).map_err(|_| missing())
+    let [value] = secret_values(ctx, ns, name, [key]).await?;
+    Ok(value.expect("the first key is required"))
 }
 
 /// The Postgres URL from the cluster's database Secret.
@@ -286,9 +313,14 @@ pub async fn database_url(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<
     secret_value(ctx, ns, &ac.spec.database.secret_name, &ac.spec.database.key).await
 }
 
-/// The cluster secret the cluster's sidecars share: the operator signs its drains with it.
-pub async fn cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<String> {
-    secret_value(ctx, ns, &build::cluster_secret_name(ac), &build::cluster_secret_key(ac)).await
+/// The cluster secret the cluster's sidecars share (and the previous one during a
+/// rotation): the operator signs its drains with it and stamps the pods with its version.
+pub async fn cluster_keys(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<ClusterKeys> {
+    let (current, previous) = (build::cluster_secret_key(ac), build::previous_cluster_secret_key(ac));
+    let [current, previous] =
+        secret_values(ctx, ns, &build::cluster_secret_name(ac), [current.as_str(), previous.as_str()])
+            .await?;
+    Ok(ClusterKeys::new(current.expect("the first key is required"), previous))
 }
 
 pub async fn cluster_pods(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<Vec<Pod>> {

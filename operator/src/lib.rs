@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod build;
+pub mod cluster_keys;
 pub mod controller;
 pub mod error;
 pub mod leader;

@@ -14,12 +14,12 @@ use kube::{
     runtime::{events::EventType, watcher, WatchStreamExt},
     Api, ResourceExt,
 };
-use leasehold_core::proof::{PeerAuth, Signed};
+use leasehold_core::proof::Signed;
 use leasehold_crds::AgentCluster;
 
 use crate::{
     build::CLUSTER_LABEL,
-    controller::{cluster_secret, database_url, Context},
+    controller::{cluster_keys, database_url, Context},
     error::{kube, Result},
     validate::ADMIN_PORT,
 };
@@ -99,15 +99,24 @@ fn cluster_of(pod: &Pod) -> Option<(String, String)> {
 /// node id is its name).
 async fn drain(ctx: &Context, pod: &Pod, ac: &AgentCluster, url: &str) -> Result<serde_json::Value> {
     let ns = pod.namespace().unwrap_or_default();
-    let secret = cluster_secret(ctx, &ns, ac).await?;
-    let auth = PeerAuth::new(Some(&secret), None);
+    let auth = cluster_keys(ctx, &ns, ac).await?.auth();
     let name = pod.name_any();
     let none = http::HeaderMap::new();
     let signed = Signed { method: "POST", path: "/drain", destination: &name, headers: &none, body: b"" };
-    let request = auth.sign(&signed, &[]).into_iter().fold(ctx.http.post(url), |r, (k, v)| r.header(k, v));
+    let send = |proof: Vec<(http::HeaderName, http::HeaderValue)>| {
+        let request = proof.into_iter().fold(ctx.http.post(url), |r, (k, v)| r.header(k, v));
+        request.timeout(DRAIN_CALL_TIMEOUT).send()
+    };
     let report = async {
-        let response = request.timeout(DRAIN_CALL_TIMEOUT).send().await?.error_for_status()?;
-        response.json::<serde_json::Value>().await
+        let mut response = send(auth.sign(&signed, &[])).await?;
+        // Mid-rotation, a pod started before it knows only the previous secret; its
+        // refusal ran nothing, so the drain is sent again signed with that one.
+        let refused = response.status() == http::StatusCode::UNAUTHORIZED
+            && response.headers().contains_key(leasehold_core::headers::REFUSAL);
+        if let (true, Some(proof)) = (refused, auth.sign_previous(&signed, &[])) {
+            response = send(proof).await?;
+        }
+        response.error_for_status()?.json::<serde_json::Value>().await
     };
     report.await.map_err(|source| crate::error::Error::Drain { pod: name, source })
 }

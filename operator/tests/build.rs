@@ -6,10 +6,13 @@ use k8s_openapi::{api::core::v1::Container, apimachinery::pkg::util::intstr::Int
 use leasehold_crds::AgentCluster;
 use leasehold_operator::{
     build::{self, CLUSTER_LABEL, TEMPLATE_HASH},
+    cluster_keys::{ClusterKeys, SECRET_VERSION},
     validate::{validate, Timings, SIDECAR_CONTAINER},
 };
 
 const IMAGE: &str = "leasehold/sidecar:default";
+/// A cluster-secret version, as the reconcile computes it from the Secret.
+const VERSION: &str = "0123456789abcdef";
 
 fn fixture(name: &str) -> AgentCluster {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -33,7 +36,7 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
             session_retention: Duration::from_secs(720 * 3600),
         }
     );
-    let d = build::deployment(&ac, &timings, IMAGE);
+    let d = build::deployment(&ac, &timings, IMAGE, VERSION);
     assert_eq!(d.metadata.name.as_deref(), Some("chat"));
     assert_eq!(d.metadata.namespace.as_deref(), Some("team-a"));
     let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
@@ -89,6 +92,21 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
         .as_ref()
         .unwrap();
     assert_eq!((secret.name.as_str(), secret.key.as_str()), ("chat-cluster-secret", "cluster-secret"));
+    assert_eq!(secret.optional, None, "the current secret is required");
+    let previous = env(sidecar, "LEASEHOLD_CLUSTER_SECRET_PREVIOUS")
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (previous.name.as_str(), previous.key.as_str(), previous.optional),
+        ("chat-cluster-secret", "cluster-secret-previous", Some(true)),
+        "the previous secret is there only during a rotation"
+    );
+    let annotations = template.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
+    assert_eq!(annotations.get(SECRET_VERSION).map(String::as_str), Some(VERSION));
     let ready = sidecar.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
     assert_eq!(ready.path.as_deref(), Some("/readyz"));
     let live = sidecar.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
@@ -102,7 +120,7 @@ fn a_spec_change_changes_the_template_hash_so_the_deployment_rolls() {
     let ac = fixture("basic.yaml");
     let timings = validate(&ac.spec).unwrap();
     let hash = |ac: &AgentCluster| {
-        let d = build::deployment(ac, &timings, IMAGE);
+        let d = build::deployment(ac, &timings, IMAGE, VERSION);
         d.spec.template.metadata.unwrap().annotations.unwrap()[TEMPLATE_HASH].clone()
     };
     let before = hash(&ac);
@@ -120,11 +138,31 @@ fn a_spec_change_changes_the_template_hash_so_the_deployment_rolls() {
     assert_eq!(before, hash(&scaled), "scaling does not roll the pods");
 }
 
+/// A rotation changes the Secret's values, not the spec: the version annotation is what
+/// rolls the pods, and it is the only thing that changes.
+#[test]
+fn a_new_cluster_secret_value_rolls_the_pods() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let template =
+        |keys: &ClusterKeys| build::deployment(&ac, &timings, IMAGE, &keys.version()).spec.template;
+    let before = template(&ClusterKeys::new("old".into(), None));
+    let rotating = template(&ClusterKeys::new("new".into(), Some("old".into())));
+    assert_ne!(before, rotating);
+    let annotations = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| {
+        let mut a = t.metadata.as_ref().unwrap().annotations.clone().unwrap();
+        a.remove(SECRET_VERSION);
+        a
+    };
+    assert_eq!(annotations(&before), annotations(&rotating));
+    assert_eq!(before.spec, rotating.spec, "only the annotation differs");
+}
+
 #[test]
 fn existing_hooks_grace_and_named_secrets_are_respected() {
     let ac = fixture("custom-secret-long-grace.yaml");
     let timings = validate(&ac.spec).unwrap();
-    let d = build::deployment(&ac, &timings, IMAGE);
+    let d = build::deployment(&ac, &timings, IMAGE, VERSION);
     let pod = d.spec.template.spec.as_ref().unwrap();
     assert_eq!(pod.termination_grace_period_seconds, Some(600), "a longer user grace period is kept");
     let worker = &pod.containers[0];

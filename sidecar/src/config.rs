@@ -110,8 +110,9 @@ pub struct RunArgs {
     )]
     pub cluster_secret: Option<String>,
 
-    /// The cluster secret before a rotation: proofs made with it are still accepted
-    /// (proofs are always made with --cluster-secret).
+    /// The cluster secret before a rotation: proofs made with it are still accepted, and
+    /// a peer that refuses a proof made with --cluster-secret gets one made with this
+    /// (so pods not yet restarted stay reachable). Empty means none.
     #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET_PREVIOUS", hide_env_values = true)]
     pub cluster_secret_previous: Option<String>,
 

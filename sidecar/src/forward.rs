@@ -76,7 +76,7 @@ impl Forwarder {
         if let Some(after) = after {
             path.push_str(&format!("?after={after}"));
         }
-        let mut req = self.streams.get(format!("http://{}{path}", owner.peer_addr));
+        let url = format!("http://{}{path}", owner.peer_addr);
         let none = HeaderMap::new();
         let signed = Signed {
             method: "GET",
@@ -85,10 +85,19 @@ impl Forwarder {
             headers: &none,
             body: b"",
         };
-        for (name, value) in self.auth.sign(&signed, &[]) {
-            req = req.header(name, value);
+        let send = |proof: Vec<(HeaderName, HeaderValue)>| {
+            proof
+                .into_iter()
+                .fold(self.streams.get(&url), |req, (name, value)| req.header(name, value))
+                .send()
+        };
+        let response = send(self.auth.sign(&signed, &[])).await?;
+        if refused_proof(response.status(), response.headers()) {
+            if let Some(proof) = self.auth.sign_previous(&signed, &[]) {
+                return send(proof).await;
+            }
         }
-        req.send().await
+        Ok(response)
     }
 
     /// POST `body` to `path` on `owner`'s peer listener, with `headers`, signed with the
@@ -108,16 +117,33 @@ impl Forwarder {
             headers: &headers,
             body: &body,
         };
-        let proof = self.auth.sign(&signed, &[]);
-        let headers = headers.into_iter().filter_map(|(name, value)| Some((name?, value))).chain(proof);
         let addr = &owner.peer_addr;
-        self.client.post(&format!("http://{addr}{path}"), headers, body).await.map_err(|source| {
+        let url = format!("http://{addr}{path}");
+        let send = |proof: Vec<(HeaderName, HeaderValue)>, body: Bytes| {
+            let headers = headers.iter().map(|(name, value)| (name.clone(), value.clone())).chain(proof);
+            self.client.post(&url, headers, body)
+        };
+        let failed = |source: upstream::Error| {
             let addr = addr.to_owned();
             if source.is_connect() {
                 ForwardError::NotConnected { addr, source }
             } else {
                 ForwardError::Failed { addr, source }
             }
-        })
+        };
+        let response = send(self.auth.sign(&signed, &[]), body.clone()).await.map_err(failed)?;
+        if refused_proof(response.status(), response.headers()) {
+            if let Some(proof) = self.auth.sign_previous(&signed, &[]) {
+                // The peer refused the proof before running anything: safe to send again.
+                return send(proof, body).await.map_err(failed);
+            }
+        }
+        Ok(response)
     }
+}
+
+/// The peer's proof check refused the request (a sidecar's `401`, not an agent's): during
+/// a rotation it may know only the previous secret.
+fn refused_proof(status: http::StatusCode, headers: &HeaderMap) -> bool {
+    status == http::StatusCode::UNAUTHORIZED && headers.contains_key(leasehold_core::headers::REFUSAL)
 }

@@ -216,7 +216,10 @@ fn assemble(
     ));
     let auth = Arc::new(match args.insecure_peer {
         true => PeerAuth::new(None, None),
-        false => PeerAuth::new(args.cluster_secret.as_deref(), args.cluster_secret_previous.as_deref()),
+        false => PeerAuth::new(
+            args.cluster_secret.as_deref(),
+            args.cluster_secret_previous.as_deref().filter(|s| !s.trim().is_empty()),
+        ),
     });
     let forwarder = Arc::new(Forwarder::new(auth.clone()));
     let follow = Arc::new(Follow {
