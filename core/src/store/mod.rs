@@ -5,6 +5,7 @@
 //! the heartbeat costs one row whatever the number of sessions held.
 
 pub mod checkpoints;
+pub mod journal;
 pub mod leases;
 pub mod nodes;
 pub mod notify;
@@ -19,6 +20,7 @@ use sqlx::{
 
 pub use self::{
     checkpoints::{Checkpoint, FenceHold},
+    journal::{Answer, Append, Begun, JournalEvent, NewTurn, TurnKind, TurnRecord, TurnState},
     leases::{Claim, Holder, LeaseInfo},
     nodes::NodeLease,
 };

@@ -1,5 +1,5 @@
 //! Retention: sessions nobody holds, idle past a retention, are deleted with their
-//! checkpoints; node rows of boots dead for a while, once no session names them. Small
+//! checkpoints and journal; node rows of boots dead for a while, once no session names them. Small
 //! batches, each one statement; a live lease is never touched.
 
 use std::time::Duration;
@@ -25,6 +25,12 @@ WITH doomed AS (
 ),
 checkpoints AS (
     DELETE FROM agent_checkpoints c USING doomed d WHERE c.agent_key = d.agent_key
+),
+turns AS (
+    DELETE FROM agent_turns t USING doomed d WHERE t.agent_key = d.agent_key
+),
+events AS (
+    DELETE FROM agent_turn_events e USING doomed d WHERE e.agent_key = d.agent_key
 ),
 gone AS (
     DELETE FROM agent_leases l USING doomed d WHERE l.agent_key = d.agent_key RETURNING l.epoch
