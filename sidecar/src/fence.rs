@@ -5,7 +5,7 @@
 use std::sync::{atomic::Ordering, Arc};
 
 use leasehold_core::{
-    store::{self, Checkpoint},
+    store::{self, Checkpoint, JournalEvent},
     Epoch, EventId, SessionKey,
 };
 use serde_json::value::RawValue;
@@ -49,6 +49,17 @@ impl Fence {
 
     pub async fn checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>, store::Error> {
         self.ownership.checkpoint(key).await
+    }
+
+    /// The journaled events of a turn's attempts before `before` (all when `None`): what
+    /// an agent resuming the turn continues from.
+    pub async fn turn_events(
+        &self,
+        key: &SessionKey,
+        turn_id: &str,
+        before: Option<Epoch>,
+    ) -> Result<Vec<JournalEvent>, store::Error> {
+        self.ownership.turn_events(key, turn_id, before.unwrap_or(Epoch(i64::MAX))).await
     }
 
     /// Write through the fence. A write for an epoch we do not hold never reaches the

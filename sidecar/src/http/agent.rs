@@ -35,6 +35,7 @@ pub fn router(app: AgentPort) -> Router {
     Router::new()
         .route("/v1/sessions/{key}/checkpoint", get(get_checkpoint).put(put_checkpoint))
         .route("/v1/sessions/{key}/events", post(publish))
+        .route("/v1/sessions/{key}/turns/{turn_id}/events", get(turn_events))
         .route("/v1/sessions/{key}/lease", delete(release))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
@@ -89,6 +90,40 @@ async fn get_checkpoint(
     })
 }
 
+/// `GET …/turns/{turn-id}/events`: the journaled events of the turn's attempts before the
+/// caller's epoch (`Leasehold-Epoch`; all of them without it), oldest first, for a resume.
+async fn turn_events(
+    State(app): State<AgentPort>,
+    Path((key, turn_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, BadRequest> {
+    let key = session_key(&key)?;
+    let before = match headers.contains_key(headers::EPOCH) {
+        true => Some(epoch(&headers)?),
+        false => None,
+    };
+    Ok(match app.fence.turn_events(&key, &turn_id, before).await {
+        Ok(events) => {
+            let events: Vec<_> = events
+                .into_iter()
+                .map(|e| {
+                    let data = RawValue::from_string(e.data).unwrap_or_else(|_| null());
+                    json!({ "id": e.id.to_string(), "type": e.kind, "data": data })
+                })
+                .collect();
+            Json(events).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "journal read failed");
+            reply::refusal(&Refusal::StoreUnavailable)
+        }
+    })
+}
+
+fn null() -> Box<RawValue> {
+    RawValue::from_string("null".into()).expect("valid JSON")
+}
+
 async fn put_checkpoint(
     State(app): State<AgentPort>,
     Path(key): Path<String>,
@@ -123,7 +158,7 @@ async fn publish(
     if event.kind.is_empty() || event.kind.contains(['\n', '\r']) {
         return Err(malformed("type must be one non-empty line".to_owned()));
     }
-    let data = event.data.unwrap_or_else(|| RawValue::from_string("null".into()).expect("valid JSON"));
+    let data = event.data.unwrap_or_else(null);
     Ok(match app.fence.publish(&key, epoch, event.kind, data).await {
         Ok(id) => (StatusCode::ACCEPTED, Json(json!({ "id": id.to_string() }))).into_response(),
         Err(e) => write_error(e),

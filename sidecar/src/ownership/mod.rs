@@ -7,6 +7,7 @@
 //! someone else) stands it down: its in-flight turn is halted and the agent is told.
 
 mod holders;
+mod journal;
 
 pub use holders::MAX_TRUST as HOLDER_MAX_TRUST;
 
