@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import socket
 import socketserver
 import struct
+import sys
 import threading
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -35,7 +38,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import leasehold
-from harness import ThreadedAgent, free_port, next_ip
+from harness import EXAMPLES, ThreadedAgent, free_port, next_ip
 from leasehold.agent import Session, TurnRequest, create_app
 
 FAST = {"owner_failed_delay": 0.01}
@@ -270,10 +273,13 @@ def test_a_connection_reset_after_sending_is_resent_with_the_same_key(drop_first
 class FakeSidecar:
     """The agent API as a mock transport: records writes, serves a canned journal."""
 
-    def __init__(self, journal: list[dict[str, Any]]) -> None:
+    def __init__(self, journal: list[dict[str, Any]], checkpoint: Any = None) -> None:
         self.journal = journal
+        self.checkpoint = checkpoint
+        self.checkpoints: list[Any] = []
         self.requests: list[httpx.Request] = []
         self.published: list[tuple[str, Any]] = []
+        self.first_step = asyncio.Event()
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -283,9 +289,17 @@ class FakeSidecar:
         if request.method == "POST" and path.endswith("/events"):
             event = json.loads(request.content)
             self.published.append((event["type"], event["data"]))
+            if event["type"] == "step":
+                self.first_step.set()
             return httpx.Response(202, json={"id": f"2-{len(self.published)}"})
+        if path.endswith("/checkpoint") and request.method == "PUT":
+            self.checkpoint = json.loads(request.content)
+            self.checkpoints.append(self.checkpoint)
+            return httpx.Response(204)
         if path.endswith("/checkpoint"):
-            return httpx.Response(404 if request.method == "GET" else 204)
+            if self.checkpoint is None:
+                return httpx.Response(404)
+            return httpx.Response(200, json=self.checkpoint)
         return httpx.Response(404)
 
 
@@ -378,3 +392,75 @@ async def test_cancel_tells_the_handler_stops_its_writes_and_answers_once_it_end
     assert seen == {"reason": "interrupted", "watcher": True, "late_write": "interrupted"}
     assert hooks == [("s", "t-1")], "on_cancel for the running turn only"
     assert fake.published == [("turn_started", {})], "nothing published after the cancel"
+
+
+def resumable_example() -> ModuleType:
+    """examples/resumable_agent.py (the docs' resume and cancel example), imported."""
+    spec = importlib.util.spec_from_file_location(
+        "resumable_agent", EXAMPLES / "resumable_agent.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["resumable_agent"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_resumable_example_resumes_once_and_stops_when_cancelled() -> None:
+    example = resumable_example()
+    # Epoch 1 published turn_started and steps 0 and 1, then its pod died.
+    journal = [
+        {"id": "1-1", "type": "turn_started", "data": {"text": "go"}},
+        {"id": "1-2", "type": "step", "data": {"i": 0, "result": "result 0"}},
+        {"id": "1-3", "type": "step", "data": {"i": 1, "result": "result 1"}},
+    ]
+    resumed = FakeSidecar(journal, checkpoint={"history": ["before"]})
+    headers = {"leasehold-epoch": "2", "leasehold-turn-id": "t-1", "leasehold-resume": "t-1"}
+    async with _sidecar_client(resumed) as sidecar_http:
+        app = create_app(example.on_turn, sidecar_url="http://sidecar", http_client=sidecar_http)
+        async with _agent(app) as agent:
+            answer = await agent.post(
+                "/sessions/s/turns", json={"text": "go", "steps": 4}, headers=headers
+            )
+    assert answer.json() == {"history_len": 2, "resumed": True}
+    assert [(t, d.get("i")) for t, d in resumed.published] == [
+        ("step", 2),
+        ("step", 3),
+        ("turn_finished", None),
+    ]
+    assert resumed.checkpoints == [{"history": ["before", "go"], "last_turn": "t-1"}]
+
+    # The first attempt had checkpointed and finished: the resume adds nothing.
+    finished = FakeSidecar(
+        [*journal[:2], {"id": "1-4", "type": "turn_finished", "data": {}}],
+        checkpoint={"history": ["before", "go"], "last_turn": "t-1"},
+    )
+    async with _sidecar_client(finished) as sidecar_http:
+        app = create_app(example.on_turn, sidecar_url="http://sidecar", http_client=sidecar_http)
+        async with _agent(app) as agent:
+            answer = await agent.post(
+                "/sessions/s/turns", json={"text": "go", "steps": 1}, headers=headers
+            )
+    assert answer.json() == {"history_len": 2, "resumed": True}
+    assert finished.published == [] and finished.checkpoints == []
+
+    cancelled = FakeSidecar([])
+    async with _sidecar_client(cancelled) as sidecar_http:
+        app = create_app(
+            example.on_turn,
+            on_cancel=example.cancelled,
+            sidecar_url="http://sidecar",
+            http_client=sidecar_http,
+        )
+        async with _agent(app) as agent:
+            fresh = {"leasehold-epoch": "1", "leasehold-turn-id": "t-2"}
+            turn = asyncio.create_task(
+                agent.post("/sessions/s/turns", json={"text": "x", "steps": 1000}, headers=fresh)
+            )
+            await asyncio.wait_for(cancelled.first_step.wait(), 5)
+            assert (await agent.post("/sessions/s/turns/t-2/cancel")).status_code == 204
+            stopped_at = len(cancelled.published)
+            answer = await asyncio.wait_for(turn, 5)
+    assert (answer.status_code, answer.json()) == (409, {"error": "interrupted"})
+    assert len(cancelled.published) == stopped_at < 1000, "nothing published after the cancel"
+    assert cancelled.published[0][0] == "turn_started" and cancelled.checkpoints == []
