@@ -464,3 +464,31 @@ async def test_the_resumable_example_resumes_once_and_stops_when_cancelled() -> 
     assert (answer.status_code, answer.json()) == (409, {"error": "interrupted"})
     assert len(cancelled.published) == stopped_at < 1000, "nothing published after the cancel"
     assert cancelled.published[0][0] == "turn_started" and cancelled.checkpoints == []
+
+
+async def test_the_python_demo_agent_resumes_like_the_rust_one() -> None:
+    from leasehold.demo_agent import DemoAgent
+
+    journal = [
+        {"id": "1-1", "type": "turn_started", "data": {"text": "hi"}},
+        {"id": "1-2", "type": "token", "data": {"i": 0, "text": "tok0"}},
+        {"id": "1-3", "type": "token", "data": {"i": 1, "text": "tok1"}},
+    ]
+    fake = FakeSidecar(journal, checkpoint={"history": ["before"]})
+    headers = {"leasehold-epoch": "2", "leasehold-turn-id": "t-9", "leasehold-resume": "t-9"}
+    async with _sidecar_client(fake) as sidecar_http:
+        demo = DemoAgent("node-p")
+        app = create_app(demo.on_turn, sidecar_url="http://sidecar", http_client=sidecar_http)
+        async with _agent(app) as agent:
+            answer = await agent.post("/sessions/s/turns", json={"text": "hi"}, headers=headers)
+            # The same turn resumed again after it checkpointed: nothing appended twice.
+            again = await agent.post("/sessions/s/turns", json={"text": "hi"}, headers=headers)
+    assert answer.json() == {"history_len": 2, "epoch": 2, "node": "node-p"}
+    assert again.json() == answer.json()
+    assert [(t, d.get("i")) for t, d in fake.published[:4]] == [
+        ("token", 2),
+        ("token", 3),
+        ("token", 4),
+        ("turn_finished", None),
+    ], "no second turn_started, only the tokens not journaled"
+    assert fake.checkpoints == [{"history": ["before", "hi"], "last_turn": "t-9"}]
