@@ -13,11 +13,14 @@
  */
 
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, test } from "node:test";
+import { fileURLToPath } from "node:url";
 
+import { onCancel as exampleOnCancel, onTurn as exampleOnTurn } from "../examples/resumable-agent.js";
 import { createAgentHandler, Interrupted, type Session } from "../src/agent.js";
 import { Busy, Client, IdempotencyKeyReused } from "../src/index.js";
 
@@ -121,9 +124,18 @@ interface SidecarCall {
 }
 
 /** The agent API as a `fetch`: records calls, serves `journal` for a turn's events. */
-function fakeSidecar(journal: unknown[]): { fetch: typeof fetch; calls: SidecarCall[]; published: [string, unknown][] } {
+function fakeSidecar(
+  journal: unknown[],
+  checkpoint?: unknown,
+): { fetch: typeof fetch; calls: SidecarCall[]; published: [string, unknown][]; checkpoints: unknown[]; firstStep: Promise<void> } {
   const calls: SidecarCall[] = [];
   const published: [string, unknown][] = [];
+  const checkpoints: unknown[] = [];
+  let stored = checkpoint;
+  let stepped!: () => void;
+  const firstStep = new Promise<void>((resolve) => {
+    stepped = resolve;
+  });
   const fake = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
     const url = new URL(typeof input === "string" || input instanceof URL ? input : input.url);
     const method = init?.method ?? "GET";
@@ -135,12 +147,18 @@ function fakeSidecar(journal: unknown[]): { fetch: typeof fetch; calls: SidecarC
     if (method === "POST" && url.pathname.endsWith("/events")) {
       const { type, data } = JSON.parse(body) as { type: string; data: unknown };
       published.push([type, data]);
-      return Response.json({ id: `2-${published.length}` }, { status: 202 });
+      if (type === "step") stepped();
+      return Response.json({ id: `2-${String(published.length)}` }, { status: 202 });
     }
-    if (url.pathname.endsWith("/checkpoint")) return new Response(null, { status: method === "GET" ? 404 : 204 });
+    if (url.pathname.endsWith("/checkpoint") && method === "PUT") {
+      stored = JSON.parse(body) as unknown;
+      checkpoints.push(stored);
+      return new Response(null, { status: 204 });
+    }
+    if (url.pathname.endsWith("/checkpoint")) return stored === undefined ? new Response(null, { status: 404 }) : Response.json(stored);
     return new Response(null, { status: 404 });
   };
-  return { fetch: fake, calls, published };
+  return { fetch: fake, calls, published, checkpoints, firstStep };
 }
 
 async function post(url: string, path: string, headers: Record<string, string> = {}): Promise<{ status: number; body: unknown }> {
@@ -231,4 +249,114 @@ test("cancel aborts the turn's signal with Interrupted, calls onCancel, stops it
   assert.equal((await post(url, "/sessions/s/turns/t-unknown/cancel")).status, 204);
   assert.deepEqual(cancels, [["s", "t-1"]], "onCancel only for a running turn");
   assert.deepEqual(sidecar.published, [["turn_started", {}]], "nothing published after the cancel");
+});
+
+test("the resumable example (docs) resumes once, appends once, and stops when cancelled", async () => {
+  const journal = [
+    { id: "1-1", type: "turn_started", data: { text: "go" } },
+    { id: "1-2", type: "step", data: { i: 0, result: "result 0" } },
+    { id: "1-3", type: "step", data: { i: 1, result: "result 1" } },
+  ];
+  const resumeHeaders = { "leasehold-epoch": "2", "leasehold-turn-id": "t-1", "leasehold-resume": "t-1" };
+  const post4 = (url: string, body: unknown, headers: Record<string, string>): Promise<Response> =>
+    fetch(`${url}/sessions/s/turns`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
+
+  const resumed = fakeSidecar(journal, { history: ["before"] });
+  const a = await listen(createServer(createAgentHandler({ onTurn: exampleOnTurn, sidecarUrl: "http://sidecar.invalid", fetch: resumed.fetch })));
+  assert.deepEqual(await (await post4(a, { text: "go", steps: 4 }, resumeHeaders)).json(), { history_len: 2, resumed: true });
+  assert.deepEqual(
+    resumed.published.map(([type, data]) => [type, (data as { i?: number }).i]),
+    [
+      ["step", 2],
+      ["step", 3],
+      ["turn_finished", undefined],
+    ],
+  );
+  assert.deepEqual(resumed.checkpoints, [{ history: ["before", "go"], lastTurn: "t-1" }]);
+
+  const finished = fakeSidecar([...journal.slice(0, 2), { id: "1-4", type: "turn_finished", data: {} }], { history: ["before", "go"], lastTurn: "t-1" });
+  const b = await listen(createServer(createAgentHandler({ onTurn: exampleOnTurn, sidecarUrl: "http://sidecar.invalid", fetch: finished.fetch })));
+  assert.deepEqual(await (await post4(b, { text: "go", steps: 1 }, resumeHeaders)).json(), { history_len: 2, resumed: true });
+  assert.deepEqual([finished.published, finished.checkpoints], [[], []], "the first attempt did it all");
+
+  const cancelled = fakeSidecar([]);
+  const c = await listen(createServer(createAgentHandler({ onTurn: exampleOnTurn, onCancel: exampleOnCancel, sidecarUrl: "http://sidecar.invalid", fetch: cancelled.fetch })));
+  const turn = post4(c, { text: "x", steps: 1000 }, { "leasehold-epoch": "1", "leasehold-turn-id": "t-2" });
+  await cancelled.firstStep;
+  assert.equal((await post(c, "/sessions/s/turns/t-2/cancel")).status, 204);
+  const stoppedAt = cancelled.published.length;
+  const answer = await turn;
+  assert.deepEqual([answer.status, await answer.json()], [409, { error: "interrupted" }]);
+  assert.equal(cancelled.published.length, stoppedAt, "nothing published after the cancel");
+  assert.ok(stoppedAt < 1000);
+  assert.deepEqual(cancelled.checkpoints, []);
+});
+
+/** The fake agent API as a real server on loopback (for an agent in another process). */
+async function fakeSidecarServer(journal: unknown[], checkpoint?: unknown): Promise<{ url: string; published: [string, unknown][]; checkpoints: unknown[] }> {
+  const fake = fakeSidecar(journal, checkpoint);
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const headers: Record<string, string> = {};
+      for (const [name, value] of Object.entries(req.headers)) if (typeof value === "string") headers[name] = value;
+      const body = Buffer.concat(chunks).toString();
+      const init: RequestInit = { method: req.method ?? "GET", headers, ...(body === "" ? {} : { body }) };
+      void fake.fetch(`http://sidecar${req.url ?? "/"}`, init).then(async (answer) => {
+        res.writeHead(answer.status, { "content-type": "application/json" });
+        res.end(await answer.text());
+      });
+    });
+  });
+  return { url: await listen(server), published: fake.published, checkpoints: fake.checkpoints };
+}
+
+test("the TypeScript demo agent resumes like the Rust one: no second turn_started, only the tokens not journaled", async () => {
+  const sidecar = await fakeSidecarServer(
+    [
+      { id: "1-1", type: "turn_started", data: { text: "hi" } },
+      { id: "1-2", type: "token", data: { i: 0, text: "tok0" } },
+      { id: "1-3", type: "token", data: { i: 1, text: "tok1" } },
+    ],
+    { history: ["before"] },
+  );
+  const port = await new Promise<number>((resolve) => {
+    const probe = createServer();
+    probe.listen(0, "127.0.0.1", () => {
+      const { port: free } = probe.address() as AddressInfo;
+      probe.close(() => {
+        resolve(free);
+      });
+    });
+  });
+  const script = fileURLToPath(new URL("../examples/demo-agent.js", import.meta.url));
+  const child = spawn(process.execPath, [script, "--listen", `127.0.0.1:${String(port)}`, "--sidecar-url", sidecar.url, "--node-id", "node-ts"], { stdio: ["ignore", "ignore", "pipe"] });
+  try {
+    await new Promise<void>((resolve, reject) => {
+      let err = "";
+      child.stderr.on("data", (chunk: Buffer) => {
+        err += chunk.toString();
+        if (err.includes("demo agent ready")) resolve();
+      });
+      child.on("exit", (code) => {
+        reject(new Error(`demo agent exited ${String(code)}: ${err}`));
+      });
+    });
+    const headers = { "leasehold-epoch": "2", "leasehold-turn-id": "t-9", "leasehold-resume": "t-9" };
+    const response = await fetch(`http://127.0.0.1:${String(port)}/sessions/s/turns`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify({ text: "hi" }) });
+    assert.deepEqual(await response.json(), { history_len: 2, epoch: 2, node: "node-ts" });
+    assert.deepEqual(
+      sidecar.published.map(([type, data]) => [type, (data as { i?: number }).i]),
+      [
+        ["token", 2],
+        ["token", 3],
+        ["token", 4],
+        ["turn_finished", undefined],
+      ],
+    );
+    assert.deepEqual(sidecar.checkpoints, [{ history: ["before", "hi"], last_turn: "t-9" }]);
+  } finally {
+    child.kill("SIGKILL");
+  }
 });
