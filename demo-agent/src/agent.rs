@@ -88,7 +88,9 @@ pub struct Stats {
     pub turns: AtomicU64,
     /// Turns that arrived with `Leasehold-Resume`.
     pub resumes: AtomicU64,
-    /// Turns stopped by a cancel.
+    /// Cancels received (`POST …/turns/{id}/cancel`), whether or not the turn still ran
+    /// here (the sidecar drops its request to the agent before it sends the cancel, which
+    /// may already have ended the handler).
     pub cancels: AtomicU64,
     /// Turns that arrived while another turn of the same session was in flight here: the
     /// sidecar promises this never happens (CONTRACT §4), so anything but 0 is a bug.
@@ -253,6 +255,7 @@ impl Agent {
     /// turn not (yet) here is remembered, in case it overtook its turn. Returns whether
     /// the turn was running here.
     pub async fn cancel(&self, key: &str, turn_id: &str) -> bool {
+        self.stats.cancels.fetch_add(1, Ordering::Relaxed);
         let found = {
             let all = self.running.lock().expect("running lock");
             all.get(key).and_then(|list| list.iter().find(|r| r.turn_id.as_deref() == Some(turn_id)).cloned())
@@ -310,20 +313,15 @@ impl Agent {
         // while it waits here never starts.
         let mut held = tokio::select! {
             biased;
-            _ = cancel.cancelled() => {
-                self.stats.cancels.fetch_add(1, Ordering::Relaxed);
-                return Err(WriteError::Cancelled);
-            }
+            _ = cancel.cancelled() => return Err(WriteError::Cancelled),
             held = slot.held.lock() => held,
         };
         let stop = Stop { halt: &slot.halt, cancel };
         let result = self.run_held(key, epoch, kind, &ids, input, &stop, &mut held).await;
         match &result {
-            Ok(_) => {}
-            // Nothing was checkpointed: what we hold is still the session's state.
-            Err(WriteError::Cancelled) => {
-                self.stats.cancels.fetch_add(1, Ordering::Relaxed);
-            }
+            // Nothing was checkpointed by a cancelled turn: what we hold is still the
+            // session's state.
+            Ok(_) | Err(WriteError::Cancelled) => {}
             Err(_) => {
                 // Fenced or refused: what we hold may be stale; the next turn thaws again.
                 *held = Held::default();

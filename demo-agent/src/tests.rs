@@ -307,6 +307,7 @@ async fn a_cancel_that_overtook_its_turn_stops_it_before_it_starts() {
     let (status, answer) = h.turn("s", 1, "t-late", false, json!({"text": "late", "tokens": 2})).await;
     assert_eq!((status, answer), (StatusCode::CONFLICT, json!({"error": "interrupted"})));
     assert!(h.kinds().is_empty(), "it published nothing");
+    assert_eq!(h.stats().await.cancels, 1, "cancels received");
     // Another turn of the session is not affected.
     let (status, _) = h.turn("s", 1, "t-other", false, json!({"tokens": 0})).await;
     assert_eq!(status, StatusCode::OK);
@@ -337,4 +338,29 @@ async fn a_second_turn_of_a_session_in_flight_is_counted_as_an_overlap() {
     let (status, _) = h.turn("s", 1, "t-c", false, json!({"text": "c", "tokens": 0})).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(h.stats().await, StatsView { turns: 4, resumes: 0, cancels: 1, overlapping_turns: 1 });
+}
+
+/// What the sidecar does on `interrupt`: it drops its request to the agent (the
+/// connection closes), then sends the cancel, then the next turn.
+#[tokio::test]
+async fn a_turn_whose_request_was_dropped_then_cancelled_publishes_nothing_more() {
+    let mut h = Harness::new().await;
+    let running = tokio::spawn(h.turn(
+        "s",
+        1,
+        "t-cut",
+        false,
+        json!({"text": "cut", "tokens": 2, "think_ms": FOREVER_MS}),
+    ));
+    h.published_at_least(1).await;
+    running.abort(); // the connection to the agent is closed mid-turn
+    assert!(running.await.unwrap_err().is_cancelled());
+    assert_eq!(h.cancel("s", "t-cut").await, StatusCode::NO_CONTENT);
+    assert_eq!(h.kinds(), ["turn_started"], "nothing of it after the cancel was answered");
+
+    let (status, answer) = h.turn("s", 1, "t-next", false, json!({"text": "next", "tokens": 0})).await;
+    assert_eq!((status, answer["history_len"].clone()), (StatusCode::OK, json!(1)));
+    assert_eq!(h.kinds(), ["turn_started", "turn_started", "turn_finished"]);
+    let stats = h.stats().await;
+    assert_eq!((stats.cancels, stats.overlapping_turns), (1, 0), "{stats:?}");
 }
