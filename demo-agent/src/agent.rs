@@ -47,7 +47,8 @@ const DEFAULT_TOKENS: u32 = 5;
 /// Upper bound on `think_ms`, so one request cannot park a task for hours.
 const MAX_THINK: Duration = Duration::from_secs(600);
 /// How long a cancel waits for the turn to stop before it answers anyway.
-const CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// Under the sidecar's 5 s limit on a cancel notification.
+const CANCEL_WAIT: Duration = Duration::from_secs(3);
 /// Cancels remembered for turns that had not arrived yet (the cancel overtook the turn).
 const EARLY_CANCELS: usize = 256;
 

@@ -15,7 +15,7 @@
  *
  * Cancel: `POST /sessions/{key}/turns/{turnId}/cancel` (a newer turn interrupted this
  * one) aborts `session.signal` with {@link Interrupted}, calls `onCancel`, and is
- * answered `204` once the handler has settled (at most 5 s); from then on the session's
+ * answered `204` once the handler has settled (at most 3 s); from then on the session's
  * writes throw without being sent, so nothing more of the turn is published.
  */
 
@@ -337,7 +337,7 @@ interface Running {
 }
 
 /** How long a cancel waits for the handler to settle before it answers anyway. */
-const CANCEL_WAIT_MS = 5000;
+const CANCEL_WAIT_MS = 3000; // under the sidecar's 5 s limit on the notification
 
 async function settledWithin(promises: Promise<void>[], ms: number): Promise<void> {
   if (promises.length === 0) return;

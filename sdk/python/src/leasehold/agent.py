@@ -91,7 +91,7 @@ _NOT_CLIENT_HEADERS = frozenset(
 #: Local calls to the sidecar: it bounds its own statements by 5 s, so this is ample.
 SIDECAR_TIMEOUT = httpx.Timeout(30.0, connect=1.0)
 #: How long a cancel (or stand-down) waits for the handler to end before it answers anyway.
-CANCEL_WAIT = 5.0
+CANCEL_WAIT = 3.0  # under the sidecar's 5 s limit on the notification
 
 
 class SidecarUnreachable(LeaseholdError):
