@@ -2,6 +2,8 @@
 
 mod agent;
 mod sidecar;
+#[cfg(test)]
+mod tests;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -11,14 +13,14 @@ use axum::{
     extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
-    routing::post,
+    routing::{get, post},
     Json, Router,
 };
 use clap::Parser;
 use serde_json::json;
 
 use crate::{
-    agent::{Agent, Input, Kind},
+    agent::{Agent, Input, Kind, StatsView, TurnIds},
     sidecar::{Sidecar, WriteError},
 };
 
@@ -49,17 +51,24 @@ async fn main() -> anyhow::Result<()> {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "demo".to_owned());
     let agent = Arc::new(Agent::new(Sidecar::new(&args.sidecar_url), node_id));
-    let app = Router::new()
-        .route("/sessions/{key}/turns", post(turn))
-        .route("/sessions/{key}/events", post(event))
-        .route("/sessions/{key}/stand-down", post(stand_down))
-        .route("/sessions/{key}/release", post(release))
-        .with_state(agent);
+    let app = router(agent);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen: cannot listen on {}", args.listen))?;
     tracing::info!(listen = %args.listen, "demo agent ready");
     axum::serve(listener, app).await.context("serving")
+}
+
+/// The agent contract (CONTRACT §4) and the demo's own hooks.
+fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/sessions/{key}/turns", post(turn))
+        .route("/sessions/{key}/events", post(event))
+        .route("/sessions/{key}/turns/{turn_id}/cancel", post(cancel))
+        .route("/sessions/{key}/stand-down", post(stand_down))
+        .route("/sessions/{key}/release", post(release))
+        .route("/stats", get(stats))
+        .with_state(agent)
 }
 
 fn error(status: StatusCode, code: &str, message: String) -> Response {
@@ -93,12 +102,19 @@ async fn handle(
             Err(e) => return error(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()),
         }
     };
-    match agent.run(&key, epoch, kind, input).await {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let ids = TurnIds { turn_id: header("leasehold-turn-id"), resume: header("leasehold-resume") };
+    match agent.run(&key, epoch, kind, ids, input).await {
         Ok(done) => {
             Json(json!({ "history_len": done.history_len, "epoch": done.epoch, "node": agent.node_id }))
                 .into_response()
         }
         Err(WriteError::Fenced) => (StatusCode::CONFLICT, Json(json!({ "error": "fenced" }))).into_response(),
+        // The sidecar answers the interrupted turn's client itself; this answer is only
+        // for the record.
+        Err(WriteError::Cancelled) => {
+            (StatusCode::CONFLICT, Json(json!({ "error": "interrupted" }))).into_response()
+        }
         Err(WriteError::Refused { status, retry_after, body }) => {
             let mut response = (status, body).into_response();
             if let Some(retry_after) = retry_after.and_then(|v| v.parse().ok()) {
@@ -111,6 +127,7 @@ async fn handle(
         Err(e @ WriteError::BadCheckpoint(_)) => {
             error(StatusCode::INTERNAL_SERVER_ERROR, "bad_checkpoint", e.to_string())
         }
+        Err(e @ WriteError::BadJournal(_)) => error(StatusCode::BAD_GATEWAY, "bad_journal", e.to_string()),
     }
 }
 
@@ -125,4 +142,17 @@ async fn release(State(agent): State<Arc<Agent>>, Path(key): Path<String>) -> Re
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => error(StatusCode::CONFLICT, "release_failed", e.to_string()),
     }
+}
+
+/// `POST /sessions/{key}/turns/{turn_id}/cancel`: a newer turn interrupted this one. It
+/// stops at once and publishes nothing more; answered once it has stopped.
+async fn cancel(State(agent): State<Arc<Agent>>, Path((key, turn_id)): Path<(String, String)>) -> StatusCode {
+    let running = agent.cancel(&key, &turn_id).await;
+    tracing::info!(session = key, turn = turn_id, running, "turn cancelled");
+    StatusCode::NO_CONTENT
+}
+
+/// `GET /stats`: the agent's counters (`overlapping_turns` must stay 0).
+async fn stats(State(agent): State<Arc<Agent>>) -> Json<StatsView> {
+    Json(agent.stats())
 }

@@ -31,7 +31,8 @@ async def send(client: leasehold.AsyncClient, key: str, text: str) -> None:
         # Refused with directives until their budget ran out: the turn did not run.
         print(f"{text!r}: not run, gave up after {e.directives} (last: {e.code})")
     except (leasehold.OwnerFailed, leasehold.ConnectionLost) as e:
-        # The turn may have run. The client never re-sends it by itself.
+        # The turn may have run. The client re-sent it with the same Idempotency-Key (the
+        # server runs a key once) 3 times at most, then gave up.
         print(f"{text!r}: may have run ({e.code})")
     except leasehold.Unreachable as e:
         print(f"{text!r}: no node accepted a connection: {e.urls}")
@@ -40,6 +41,7 @@ async def send(client: leasehold.AsyncClient, key: str, text: str) -> None:
         print(f"{text!r}: HTTP {e.status} {e.code}")
     else:
         retried = f" after {answer.directives}" if answer.directives else ""
+        retried += " (a replay of its recorded answer)" if answer.replayed else ""
         print(f"{text!r}: ran on {answer.owner} at epoch {answer.epoch}{retried}: {answer.json()}")
 
 

@@ -167,10 +167,12 @@ def test_a_drained_pod_exhausts_the_draining_budget(make_cluster: Callable[..., 
         assert client.send_turn("drained", {"text": "x"}).owner == "node-b"
 
 
-def test_owner_failed_is_never_retried_unless_asked(make_cluster: Callable[..., Cluster]) -> None:
+def test_owner_failed_is_retried_with_its_key_unless_turned_off(
+    make_cluster: Callable[..., Cluster],
+) -> None:
     """A turn forwarded to a frozen owner is `502 owner_failed` once the owner's lease
-    lapses (it may have run). Asked to, the client re-sends it with the same key and the
-    takeover serves it; by default it raises `OwnerFailed` after one request."""
+    lapses (it may have run). The client re-sends it with the same key and the takeover
+    serves it; with `retry_owner_failed=False` it raises `OwnerFailed` after one request."""
     cluster = make_cluster(**short_leases())
     a = cluster.nodes[0]
     others = [cluster.nodes[1].public_url, cluster.nodes[2].public_url]
@@ -188,7 +190,9 @@ def test_owner_failed_is_never_retried_unless_asked(make_cluster: Callable[..., 
     freeze_owning("retried")
     try:
         recorder = Recorder()
-        with recorder.client(others, retry_owner_failed=True) as client:
+        # Retries bounded by the budget here, not the default count: the takeover waits
+        # for the frozen owner's lease to lapse.
+        with recorder.client(others, owner_failed_retries=1000) as client:
             answer = client.send_turn("retried", {"text": "again", "tokens": 0})
     finally:
         thaw()
@@ -203,13 +207,16 @@ def test_owner_failed_is_never_retried_unless_asked(make_cluster: Callable[..., 
     freeze_owning("not-retried")
     try:
         recorder = Recorder()
-        with recorder.client(others) as client, pytest.raises(leasehold.OwnerFailed) as failed:
+        with (
+            recorder.client(others, retry_owner_failed=False) as client,
+            pytest.raises(leasehold.OwnerFailed) as failed,
+        ):
             client.send_turn("not-retried", {"text": "into the freeze", "tokens": 0})
     finally:
         thaw()
     assert (failed.value.status, failed.value.code) == (502, "owner_failed")
     assert failed.value.directive is None
-    assert len(recorder.posts()) == 1, "no directive: the client invents no retry"
+    assert len(recorder.posts()) == 1, "turned off: the client invents no retry"
     assert stored_history(cluster.database_url, "not-retried") == ["first"]
 
 

@@ -165,22 +165,47 @@ def test_a_bare_retry_after_is_a_directive_and_typed_refusals_are_raised(serve: 
     assert len(proxy) == 2 and proxy[0] == proxy[1]
 
 
-def test_retry_owner_failed_keeps_the_key_and_ends_with_its_budget(serve: Any) -> None:
+def test_owner_failed_is_resent_with_its_key_a_bounded_number_of_times(serve: Any) -> None:
     keys: list[str | None] = []
 
     async def turns(request: Request) -> Response:
         keys.append(request.headers.get("idempotency-key"))
+        if request.path_params["key"] == "recovers" and len(keys) == 3:
+            return JSONResponse({"ok": True}, headers={"leasehold-replayed": "true"})
         return JSONResponse({"error": "owner_failed"}, status_code=502)
 
     server = serve(Route("/v1/sessions/{key}/turns", turns, methods=["POST"]))
-    options = {"retry_owner_failed": True, "owner_failed_delay": 0.05, "owner_failed_budget": 0.4}
-    with leasehold.Client([server.url], **options) as client, pytest.raises(leasehold.OwnerFailed):
-        client.send_turn("k", {})
-    assert len(keys) >= 4 and len(set(keys)) == 1
+    fast = {"owner_failed_delay": 0.01}
+    with leasehold.Client([server.url], **fast) as client:  # on by default
+        answer = client.send_turn("recovers", {})
+        assert (answer.replayed, answer.directives) == (True, ["owner_failed"] * 2)
+        assert keys == [answer.idempotency_key] * 3, "every attempt carried the same key"
+        keys.clear()
+        with pytest.raises(leasehold.OwnerFailed):
+            client.send_turn("k", {}, idempotency_key="order-1")
+    assert keys == ["order-1"] * 4, "the first request and 3 re-sends, then it is raised"
     keys.clear()
-    with leasehold.Client([server.url]) as client, pytest.raises(leasehold.OwnerFailed):
+    with (
+        leasehold.Client([server.url], owner_failed_retries=1, **fast) as client,
+        pytest.raises(leasehold.OwnerFailed),
+    ):
         client.send_turn("k", {})
-    assert len(keys) == 1, "off by default: no retry without a directive"
+    assert len(keys) == 2
+    keys.clear()
+    options = {"owner_failed_delay": 0.05, "owner_failed_budget": 0.4}
+    with (
+        leasehold.Client([server.url], owner_failed_retries=1000, **options) as client,
+        pytest.raises(leasehold.OwnerFailed),
+    ):
+        client.send_turn("k", {})
+    assert 4 <= len(keys) <= 10 and len(set(keys)) == 1, "the budget ends it too"
+    keys.clear()
+    with (
+        leasehold.Client([server.url], retry_owner_failed=False) as client,
+        pytest.raises(leasehold.OwnerFailed),
+    ):
+        client.send_turn("k", {})
+    assert len(keys) == 1, "turned off: no retry without a directive"
 
 
 def test_a_refused_connection_moves_to_the_next_url_and_all_refused_is_unreachable(

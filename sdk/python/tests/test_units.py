@@ -18,7 +18,7 @@ from leasehold._policy import (
 )
 from leasehold.agent import to_response
 from leasehold.demo_agent import BadInput, Input, default_node_id, split_listen
-from leasehold.models import Event, TurnInfo, event_from_frame
+from leasehold.models import Event, TurnAnswer, TurnInfo, event_from_frame
 from leasehold.sse import Frame, SSEParser
 
 
@@ -112,9 +112,15 @@ def test_bodies_keys_and_turn_ids() -> None:
 
 
 def test_turn_info_reads_the_contract_shape() -> None:
-    info = TurnInfo.from_json({"turn_id": "t", "state": "finished", "epoch": 2, "answer": {"a": 1}})
-    assert info.finished and (info.epoch, info.answer) == (2, {"a": 1})
-    assert not TurnInfo.from_json({"turn_id": "t", "state": "running", "epoch": 1}).finished
+    answer = {"status": 200, "content_type": "application/json", "body": '{"a":1}'}
+    info = TurnInfo.from_json(
+        {"turn_id": "t", "state": "finished", "epoch": 2, "attempts": 2, "answer": answer}
+    )
+    assert info.finished and (info.epoch, info.attempts) == (2, 2)
+    assert info.answer == TurnAnswer(200, "application/json", '{"a":1}')
+    assert info.answer.json() == {"a": 1}
+    running = TurnInfo.from_json({"turn_id": "t", "state": "running", "epoch": 1})
+    assert not running.finished and running.answer is None and running.attempts is None
 
 
 def test_the_demo_input_is_checked_like_the_rust_one() -> None:

@@ -42,14 +42,16 @@ async function watch(lastEventId?: string): Promise<void> {
 async function send(text: string): Promise<void> {
   try {
     const answer = await client.sendTurn(key, { text });
-    const retried = answer.directives.length > 0 ? ` after ${answer.directives.join(", ")}` : "";
+    let retried = answer.directives.length > 0 ? ` after ${answer.directives.join(", ")}` : "";
+    if (answer.replayed) retried += " (a replay of its recorded answer)";
     console.log(`${text}: ran on ${answer.owner ?? "?"} at epoch ${answer.epoch ?? "?"}${retried}: ${await answer.text()}`);
   } catch (error) {
     if (error instanceof RetryBudgetExhausted) {
       // Refused with directives until their budget ran out: the turn did not run.
       console.log(`${text}: not run, gave up after ${error.directives.join(", ")}`);
     } else if (error instanceof OwnerFailed) {
-      // The turn may have run. The client never re-sends it by itself.
+      // The turn may have run. The client re-sent it with the same Idempotency-Key (the
+      // server runs a key once) 3 times at most, then gave up.
       console.log(`${text}: may have run (owner_failed)`);
     } else if (error instanceof ConnectionError) {
       console.log(`${text}: ${error.code}: ${error.message}`);

@@ -9,7 +9,9 @@
  * appends `text` to the history, checkpoints, and answers
  * `200 {"history_len", "epoch", "node"}`. A fenced write stops it at once:
  * `409 {"error":"fenced"}` (the SDK answers that when `Fenced` is thrown). Events are
- * handled like turns with `event:<name>` appended.
+ * handled like turns with `event:<name>` appended. A resumed turn (`Leasehold-Resume`)
+ * publishes no second `turn_started` and only the tokens its earlier attempts did not
+ * journal; a cancelled one stops at once (the SDK answers `409 interrupted`).
  *
  *   node dist/examples/demo-agent.js --listen 127.0.0.1:3000 --sidecar-url http://127.0.0.1:8082
  */
@@ -31,6 +33,8 @@ interface Input {
 
 interface State {
   history: string[];
+  /** The turn whose entry is the last of `history`: a resume must not append it twice. */
+  last_turn?: string;
 }
 
 /** Tokens published when the body does not say. */
@@ -101,7 +105,24 @@ async function thaw(session: Session): Promise<State> {
   if (!Array.isArray(history) || !history.every((h) => typeof h === "string")) {
     throw new AgentError(500, "bad_checkpoint", 'the checkpoint is not {"history":[...]}');
   }
-  return { history };
+  const lastTurn = (state as { last_turn?: unknown }).last_turn;
+  return typeof lastTurn === "string" ? { history, last_turn: lastTurn } : { history };
+}
+
+/** Where a resumed turn picks up: the first token index not journaled, and whether it finished. */
+async function progress(session: Session): Promise<{ next: number; finished: boolean }> {
+  if (!session.resumed) return { next: 0, finished: false };
+  let next = 0;
+  let counted = 0;
+  let finished = false;
+  for (const event of await session.journalEvents()) {
+    if (event.type === "turn_finished") finished = true;
+    if (event.type !== "token") continue;
+    counted += 1;
+    const i = (event.data as { i?: unknown } | null)?.i;
+    if (typeof i === "number" && Number.isInteger(i)) next = Math.max(next, i + 1);
+  }
+  return { next: Math.max(next, counted), finished };
 }
 
 async function turn(session: Session, request: AgentRequest): Promise<unknown> {
@@ -114,21 +135,28 @@ async function turn(session: Session, request: AgentRequest): Promise<unknown> {
     session.memory.set("state", state);
   }
   const entry = session.kind === "event" ? `event:${input.name ?? "event"}` : (input.text ?? "");
-  await session.publish("turn_started", { text: entry, node: nodeId });
+  // A resumed turn (Leasehold-Resume) publishes only what its earlier attempts did not.
+  const done = await progress(session);
+  // ... and does not append its entry again if an earlier attempt checkpointed it.
+  const checkpointed = session.resumed && state.last_turn === session.turnId;
+  if (!session.resumed) await session.publish("turn_started", { text: entry, node: nodeId });
   const tokens = input.tokens ?? DEFAULT_TOKENS;
   const think = Math.min(input.think_ms ?? 0, MAX_THINK_MS);
   const pause = tokens === 0 ? think : think / tokens;
-  for (let i = 0; i < tokens; i++) {
-    // Aborted by a stand-down: the SDK answers with the signal's reason (fenced).
+  for (let i = done.next; i < tokens; i++) {
+    // Aborted by a stand-down (fenced) or a cancel (interrupted): the SDK answers with the reason.
     await sleep(pause, undefined, { signal: session.signal });
     await session.publish("token", { i, text: `tok${i}` });
   }
   if (tokens === 0) await sleep(pause, undefined, { signal: session.signal });
-  await session.publish("turn_finished", { history_len: state.history.length + 1 });
-  const next: State = { history: [...state.history, entry] };
-  await session.checkpoint(next);
-  session.memory.set("state", next);
-  return { history_len: next.history.length, epoch: session.epoch, node: nodeId };
+  const historyLen = state.history.length + (checkpointed ? 0 : 1);
+  if (!done.finished) await session.publish("turn_finished", { history_len: historyLen });
+  if (!checkpointed) {
+    const next: State = { history: [...state.history, entry], last_turn: session.turnId };
+    await session.checkpoint(next);
+    session.memory.set("state", next);
+  }
+  return { history_len: historyLen, epoch: session.epoch, node: nodeId };
 }
 
 const agent = createAgentHandler({ onTurn: turn, sidecarUrl });

@@ -7,6 +7,16 @@
  * `async (session, request) => answer`; `session` thaws, checkpoints, publishes and
  * releases through the sidecar's agent API with the turn's epoch, and its `signal`
  * aborts when the sidecar stands the session down or cancels the turn.
+ *
+ * Resume: a turn re-dispatched after its owner was lost mid-turn has `session.resumed`
+ * (`Leasehold-Resume`); `await session.journalEvents()` is what its earlier attempts
+ * published, which watchers already saw (then `turn_resumed`): publish only the rest,
+ * and no second `turn_started`.
+ *
+ * Cancel: `POST /sessions/{key}/turns/{turnId}/cancel` (a newer turn interrupted this
+ * one) aborts `session.signal` with {@link Interrupted}, calls `onCancel`, and is
+ * answered `204` once the handler has settled (at most 3 s); from then on the session's
+ * writes throw without being sent, so nothing more of the turn is published.
  */
 
 import type { IncomingMessage, ServerResponse } from "node:http";
@@ -127,9 +137,18 @@ export class SidecarApi {
     return typeof answer.id === "string" ? answer.id : "";
   }
 
-  /** `GET /v1/sessions/{key}/turns/{turnId}/events`: the journal of a turn's earlier attempts. */
-  async journalEvents(key: string, turnId: string, signal?: AbortSignal): Promise<JournalEvent[]> {
-    const response = await this.send(this.url(key, `turns/${encodeURIComponent(turnId)}/events`), { signal: signal ?? null });
+  /**
+   * `GET /v1/sessions/{key}/turns/{turnId}/events` with `Leasehold-Epoch: epoch`: the
+   * journaled events of the turn's attempts at epochs below `epoch`, oldest first. `404`
+   * (no such turn, or a sidecar without the journal) is `[]`.
+   */
+  async journalEvents(key: string, turnId: string, epoch?: number, signal?: AbortSignal): Promise<JournalEvent[]> {
+    const headers: Record<string, string> = epoch === undefined ? {} : { "leasehold-epoch": String(epoch) };
+    const response = await this.send(this.url(key, `turns/${encodeURIComponent(turnId)}/events`), { headers, signal: signal ?? null });
+    if (response.status === 404) {
+      await response.body?.cancel();
+      return [];
+    }
     if (!response.ok) throw await SidecarApi.refused(response, false);
     const list: unknown = await response.json();
     if (!Array.isArray(list)) throw new SidecarRefused(response.status, response.headers, JSON.stringify(list), { code: "malformed_journal" });
@@ -178,6 +197,10 @@ export class Session {
   readonly turnId: string;
   /** `Leasehold-Resume`: the id of the interrupted attempt this turn continues. */
   readonly resumeOf: string | undefined;
+  /** Re-dispatched after its owner was lost mid-turn: see {@link Session.journalEvents}. */
+  get resumed(): boolean {
+    return this.resumeOf !== undefined;
+  }
   readonly kind: "turn" | "event";
   /** Aborted on stand-down (reason: {@link Fenced}) or cancel (reason: {@link Interrupted}). */
   readonly signal: AbortSignal;
@@ -211,26 +234,32 @@ export class Session {
 
   /** The session's checkpoint, or `undefined` when it has none yet. */
   thaw(): Promise<Thawed | undefined> {
-    this.throwIfFenced();
+    this.throwIfHalted();
     return this.sidecar.getCheckpoint(this.key, this.signal);
   }
 
-  /** Write the checkpoint through the fence (`Fenced` when this node lost the session). */
+  /**
+   * Write the checkpoint through the fence (`Fenced` when this node lost the session;
+   * `Interrupted`, unsent, once the turn was cancelled).
+   */
   async checkpoint(state: CheckpointState): Promise<void> {
-    this.throwIfFenced();
+    this.throwIfHalted();
     await this.sidecar.putCheckpoint(this.key, this.epoch, state);
   }
 
-  /** Publish an event to the session's observers; its id. */
+  /** Publish an event to the session's observers; its id. Unsent once the turn halted. */
   async publish(type: string, data?: unknown): Promise<string> {
-    this.throwIfFenced();
+    this.throwIfHalted();
     return this.sidecar.publish(this.key, this.epoch, type, data);
   }
 
-  /** The journaled events of this turn's earlier attempts (`resumeOf`, else this turn). */
+  /**
+   * The journaled events of this turn's earlier attempts (epochs below this one), oldest
+   * first, to continue a resumed turn: publish only what they lack. `[]` when none.
+   */
   journalEvents(turnId: string = this.resumeOf ?? this.turnId): Promise<JournalEvent[]> {
-    this.throwIfFenced();
-    return this.sidecar.journalEvents(this.key, turnId, this.signal);
+    this.throwIfHalted();
+    return this.sidecar.journalEvents(this.key, turnId, this.epoch, this.signal);
   }
 
   /**
@@ -277,6 +306,8 @@ export interface AgentHandlerOptions {
   sidecarUrl?: string;
   /** Called after a stand-down halted the session's turns and dropped its memory. */
   onStandDown?: (key: string) => void | Promise<void>;
+  /** Called when the sidecar cancelled a running turn (a newer one interrupted it), after `session.signal` aborted. */
+  onCancel?: (key: string, turnId: string) => void | Promise<void>;
   /** The sidecar's `--forward-headers`, for `request.clientHeaders`. */
   forwardHeaders?: readonly string[];
   /** Largest turn body accepted (`413` above). Default 16 MiB. */
@@ -301,6 +332,21 @@ export type AgentHandler = ((req: IncomingMessage, res: ServerResponse) => void)
 interface Running {
   turnId: string;
   controller: AbortController;
+  /** Settles when the handler has settled. */
+  settled: Promise<void>;
+}
+
+/** How long a cancel waits for the handler to settle before it answers anyway. */
+const CANCEL_WAIT_MS = 3000; // under the sidecar's 5 s limit on the notification
+
+async function settledWithin(promises: Promise<void>[], ms: number): Promise<void> {
+  if (promises.length === 0) return;
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, ms);
+  });
+  await Promise.race([Promise.all(promises), timeout]);
+  clearTimeout(timer);
 }
 
 /** One session's slot in the agent: its turns run one at a time. */
@@ -484,7 +530,11 @@ export function createAgentHandler(options: AgentHandlerOptions): AgentHandler {
     };
     const turnId = headers.get("leasehold-turn-id") ?? crypto.randomUUID();
     const controller = new AbortController();
-    const running: Running = { turnId, controller };
+    let settle!: () => void;
+    const settled = new Promise<void>((resolve) => {
+      settle = resolve;
+    });
+    const running: Running = { turnId, controller, settled };
     // A client that went away does not stop the turn (docs/http-api.md, turn semantics); only the sidecar does.
     const slot = slotOf(key);
     slot.queued += 1;
@@ -513,11 +563,17 @@ export function createAgentHandler(options: AgentHandlerOptions): AgentHandler {
     });
     const handler = kind === "event" ? (options.onEvent ?? options.onTurn) : options.onTurn;
     try {
-      const answer = await handler(session, request);
-      if (controller.signal.aborted && controller.signal.reason instanceof Fenced) throw controller.signal.reason;
+      let answer: AgentAnswer;
+      try {
+        answer = await handler(session, request);
+      } finally {
+        settle();
+      }
+      if (controller.signal.aborted) throw controller.signal.reason;
       await writeAnswer(res, answer);
     } catch (error) {
-      current.memory.clear(); // what we hold may be stale: the next turn thaws again
+      // What we hold may be stale (a cancelled turn kept nothing of it either): the next turn thaws again.
+      current.memory.clear();
       if (!res.headersSent) writeError(res, error, session, onError);
       else res.destroy(error instanceof Error ? error : undefined);
     } finally {
@@ -552,9 +608,19 @@ export function createAgentHandler(options: AgentHandlerOptions): AgentHandler {
     if (cancel) {
       req.resume();
       const turnId = decodeURIComponent(cancel[2] ?? "");
-      for (const turn of slots.get(key)?.running ?? []) {
-        if (turn.turnId === turnId) turn.controller.abort(new Interrupted());
+      const stopped = [...(slots.get(key)?.running ?? [])].filter((turn) => turn.turnId === turnId);
+      for (const turn of stopped) turn.controller.abort(new Interrupted());
+      if (stopped.length > 0) {
+        try {
+          await options.onCancel?.(key, turnId);
+        } catch (error) {
+          console.error(`leasehold agent: onCancel(${key}, ${turnId}) failed:`, error);
+        }
       }
+      await settledWithin(
+        stopped.map((turn) => turn.settled),
+        CANCEL_WAIT_MS,
+      );
       res.writeHead(204);
       res.end();
       return;

@@ -41,6 +41,8 @@ export interface RetryPolicy {
   delayMs: number;
   /** Give up (with the error) once this much time has passed since the first attempt. */
   budgetMs: number;
+  /** Re-send at most this many times. Default 3. */
+  maxRetries?: number;
 }
 
 export interface ClientOptions {
@@ -49,10 +51,14 @@ export interface ClientOptions {
   /** Headers sent with every request (e.g. `authorization`). */
   headers?: Record<string, string>;
   /**
-   * Re-send a turn answered `502 owner_failed` with the same `Idempotency-Key`.
-   * Default `false`: such a turn MAY have run, and only a server that records
-   * idempotency keys (docs/http-api.md, turn semantics) makes the re-send exactly-once. Enable it once your
-   * server does. `true` means `{ delayMs: 200, budgetMs: 30000 }`.
+   * Re-send a turn or event that may have run — answered `502 owner_failed`, or its
+   * connection lost after it was sent (reset, closed before the answer) — with the same
+   * `Idempotency-Key`: the server runs a key once and answers a repeat with the recorded
+   * answer (`replayed`) or attaches it to the attempt still running (docs/http-api.md,
+   * turn semantics). Default `true`, meaning `{ delayMs: 200, budgetMs: 30000,
+   * maxRetries: 3 }`; then the failure is thrown (`OwnerFailed`, `ConnectionError`).
+   * Set `false` against a sidecar that does not record idempotency keys (before the
+   * turn journal): there a re-sent turn may run twice.
    */
   retryOwnerFailed?: boolean | RetryPolicy;
   /** Budget for a `503` that carries only `Retry-After` (no JSON directive). Default 30 s. */
@@ -106,14 +112,31 @@ export interface SessionInfo {
 
 export type TurnState = "running" | "finished" | "interrupted" | "cancelled";
 
+/** A finished turn's recorded answer: what its client got (or would have got). */
+export interface TurnAnswer {
+  status: number;
+  contentType: string | undefined;
+  /** As the server reports it (the answer's body). */
+  body: unknown;
+}
+
 export interface TurnInfo {
   turnId: string;
   state: TurnState;
+  /** The epoch of the turn's latest attempt. */
   epoch: number | undefined;
-  /** The recorded answer, when finished (as the server reports it). */
-  answer: unknown;
+  /** How many attempts it took (more than 1 after a resume). */
+  attempts: number | undefined;
+  /** The recorded answer, once finished. */
+  answer: TurnAnswer | undefined;
   /** The whole JSON body. */
   raw: Record<string, unknown>;
+}
+
+function turnAnswer(value: unknown): TurnAnswer | undefined {
+  if (typeof value !== "object" || value === null) return undefined;
+  const { status, content_type: contentType, body } = value as Record<string, unknown>;
+  return { status: typeof status === "number" ? status : 0, contentType: typeof contentType === "string" ? contentType : undefined, body };
 }
 
 /** One event of a session's stream. */
@@ -170,7 +193,24 @@ interface ExchangeOptions {
   ownerFailed?: RetryPolicy | undefined;
 }
 
-const OWNER_FAILED_DEFAULT: RetryPolicy = { delayMs: 200, budgetMs: 30_000 };
+const OWNER_FAILED_DEFAULT: RetryPolicy = { delayMs: 200, budgetMs: 30_000, maxRetries: 3 };
+
+/** Failures after the request was sent that are a slow answer, not a lost one: never re-sent. */
+const TIMEOUTS = new Set(["UND_ERR_HEADERS_TIMEOUT", "UND_ERR_BODY_TIMEOUT", "ETIMEDOUT"]);
+
+function isTimeout(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e instanceof Error && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && TIMEOUTS.has(code)) return true;
+    if (e.name === "TimeoutError") return true;
+  }
+  return false;
+}
+
+function turnPath(key: string, turnId: string): string {
+  if (!/^[\x21-\x7e]{1,255}$/.test(turnId)) throw new TypeError("a turn id is 1-255 visible ASCII characters");
+  return `/v1/sessions/${encodeURIComponent(checkKey(key))}/turns/${encodeURIComponent(turnId)}`;
+}
 
 export class Client {
   readonly baseUrls: readonly string[];
@@ -186,7 +226,9 @@ export class Client {
     if (urls.length === 0) throw new TypeError("a Client needs at least one base URL");
     this.baseUrls = urls.map(trimBase);
     this.headers = { ...(opts.headers ?? {}) };
-    this.ownerFailed = opts.retryOwnerFailed === true ? OWNER_FAILED_DEFAULT : opts.retryOwnerFailed || undefined;
+    const retry = opts.retryOwnerFailed ?? true;
+    this.ownerFailed = retry === true ? OWNER_FAILED_DEFAULT : retry || undefined;
+    if (this.ownerFailed !== undefined && (this.ownerFailed.maxRetries ?? 3) < 0) throw new TypeError("maxRetries must be >= 0");
     this.retryAfterBudgetMs = opts.retryAfterBudgetMs ?? 30_000;
     this.fetch = opts.fetch ?? ((input, init) => globalThis.fetch(input, init));
   }
@@ -215,9 +257,18 @@ export class Client {
     };
   }
 
-  /** `GET /v1/sessions/{key}/turns/{id}` (docs/http-api.md, turn semantics); `undefined` on `404`. */
+  /**
+   * `GET /v1/sessions/{key}/turns/{id}` (docs/http-api.md, turn semantics): the turn's state
+   * and, once finished, its recorded answer; `undefined` on `404`. The id is the turn's
+   * `Idempotency-Key` (`result.idempotencyKey`).
+   */
+  getTurn(key: string, turnId: string, options: { signal?: AbortSignal } = {}): Promise<TurnInfo | undefined> {
+    return this.turn(key, turnId, options);
+  }
+
+  /** The same as {@link Client.getTurn}. */
   async turn(key: string, turnId: string, options: { signal?: AbortSignal } = {}): Promise<TurnInfo | undefined> {
-    const path = `/v1/sessions/${encodeURIComponent(checkKey(key))}/turns/${encodeURIComponent(turnId)}`;
+    const path = turnPath(key, turnId);
     const ex = await this.exchange({ method: "GET", path, headers: {}, signal: options.signal });
     if (ex.response.status === 404) {
       await ex.response.body?.cancel();
@@ -229,17 +280,25 @@ export class Client {
       turnId: typeof raw.turn_id === "string" ? raw.turn_id : turnId,
       state: raw.state as TurnState,
       epoch: typeof raw.epoch === "number" ? raw.epoch : undefined,
-      answer: raw.answer,
+      attempts: typeof raw.attempts === "number" ? raw.attempts : undefined,
+      answer: turnAnswer(raw.answer),
       raw,
     };
   }
 
-  /** `DELETE /v1/sessions/{key}/turns/{id}`: cancel a turn explicitly (docs/http-api.md, turn semantics). */
-  async cancelTurn(key: string, turnId: string, options: { signal?: AbortSignal } = {}): Promise<void> {
-    const path = `/v1/sessions/${encodeURIComponent(checkKey(key))}/turns/${encodeURIComponent(turnId)}`;
-    const ex = await this.exchange({ method: "DELETE", path, headers: {}, signal: options.signal });
+  /**
+   * `DELETE /v1/sessions/{key}/turns/{id}`: cancel a turn, queued or running (docs/http-api.md,
+   * turn semantics). `true` when the server accepted it, `false` on `404` (no such turn).
+   */
+  async cancelTurn(key: string, turnId: string, options: { signal?: AbortSignal } = {}): Promise<boolean> {
+    const ex = await this.exchange({ method: "DELETE", path: turnPath(key, turnId), headers: {}, signal: options.signal });
+    if (ex.response.status === 404) {
+      await ex.response.body?.cancel();
+      return false;
+    }
     if (!ex.response.ok) throw await this.failure(ex, undefined);
     await ex.response.body?.cancel();
+    return true;
   }
 
   /**
@@ -320,7 +379,8 @@ export class Client {
   /**
    * One request, re-sent only as directed: after a `503` directive's delay (until its
    * budget), to the next node when a connection is refused before anything was sent,
-   * and after `502 owner_failed` only under `ownerFailed`.
+   * and, under `ownerFailed` (turns and events), after `502 owner_failed` or a
+   * connection lost after sending, with the same key, `maxRetries` times at most.
    */
   private async exchange(opts: ExchangeOptions): Promise<Exchange> {
     const started = Date.now();
@@ -328,6 +388,16 @@ export class Client {
     let lastDirective: RetryDirective | undefined;
     let node = this.nextBase();
     let refused = 0;
+    let resent = 0;
+    /** The delay before re-sending a request that may have run, or `undefined`. */
+    const resend = (code: string): number | undefined => {
+      const policy = opts.ownerFailed;
+      if (policy === undefined || resent >= (policy.maxRetries ?? 3)) return undefined;
+      if (Date.now() - started + policy.delayMs > policy.budgetMs) return undefined;
+      resent += 1;
+      directives.push(code);
+      return policy.delayMs;
+    };
     for (;;) {
       opts.signal?.throwIfAborted();
       const baseUrl = this.baseUrls[node] as string;
@@ -350,7 +420,13 @@ export class Client {
           }
           throw new ConnectionError("unreachable", `no node accepted the connection: ${describe(error)}`, error);
         }
-        throw new ConnectionError("connection_failed", `request to ${baseUrl} failed: ${describe(error)}`, error);
+        const delay = isTimeout(error) ? undefined : resend("connection_lost");
+        if (delay === undefined) {
+          throw new ConnectionError("connection_failed", `request to ${baseUrl} failed: ${describe(error)}`, error);
+        }
+        await sleep(delay, opts.signal);
+        node = this.nextBase();
+        continue;
       }
       refused = 0;
       let directive: RetryDirective | undefined;
@@ -362,11 +438,13 @@ export class Client {
         }
       } else if (response.status === 502 && opts.ownerFailed !== undefined) {
         const text = await response.text();
-        if (errorCode(text) === "owner_failed") {
-          directive = { error: "owner_failed", delayMs: opts.ownerFailed.delayMs, budgetMs: opts.ownerFailed.budgetMs, source: "body" };
-        } else {
-          response = new Response(text, { status: response.status, statusText: response.statusText, headers: response.headers });
+        const delay = errorCode(text) === "owner_failed" ? resend("owner_failed") : undefined;
+        if (delay !== undefined) {
+          await sleep(delay, opts.signal);
+          node = this.nextBase();
+          continue;
         }
+        response = new Response(text, { status: response.status, statusText: response.statusText, headers: response.headers });
       }
       if (directive === undefined) return { response, directives, lastDirective, baseUrl };
       directives.push(directive.error);

@@ -12,6 +12,7 @@ export {
   type RetryPolicy,
   type SessionInfo,
   type StreamOptions,
+  type TurnAnswer,
   type TurnInfo,
   type TurnOptions,
   type TurnResult,

@@ -12,6 +12,7 @@ import { after, test } from "node:test";
 import {
   Busy,
   Client,
+  ConnectionError,
   Fenced,
   HttpError,
   IdempotencyKeyReused,
@@ -142,21 +143,54 @@ test("a directive whose delay would pass its budget gives up with RetryBudgetExh
   assert.equal(new Set(seen.map((s) => s.headers["idempotency-key"])).size, 1);
 });
 
-test("502 owner_failed is OwnerFailed and not re-sent, unless retryOwnerFailed (same key)", async () => {
+test("502 owner_failed is re-sent with the same key a bounded number of times, unless retryOwnerFailed: false", async () => {
   const failed = json(502, { error: "owner_failed", message: "timeout" });
   const a = await scripted([failed, ok]);
-  await assert.rejects(new Client(a.url).sendTurn("k5", {}), OwnerFailed);
-  assert.equal(a.seen.length, 1);
+  await assert.rejects(new Client({ baseUrls: a.url, retryOwnerFailed: false }).sendTurn("k5", {}), OwnerFailed);
+  assert.equal(a.seen.length, 1, "turned off: no retry without a directive");
 
-  const b = await scripted([failed, ok]);
+  const b = await scripted([failed, failed, json(200, { ok: true }, { "leasehold-replayed": "true" })]);
   const answer = await new Client({ baseUrls: b.url, retryOwnerFailed: { delayMs: 20, budgetMs: 1000 } }).sendTurn("k5", {}, { idempotencyKey: "order-42" });
   assert.equal(answer.status, 200);
-  assert.deepEqual(answer.directives, ["owner_failed"]);
+  assert.equal(answer.replayed, true);
+  assert.deepEqual(answer.directives, ["owner_failed", "owner_failed"]);
   assert.deepEqual(
     b.seen.map((s) => s.headers["idempotency-key"]),
-    ["order-42", "order-42"],
+    ["order-42", "order-42", "order-42"],
   );
   assert.equal((b.seen[0] as Seen).headers["leasehold-turn-id"], undefined, "not a UUID: no Leasehold-Turn-Id");
+
+  // On by default: the first request and 3 re-sends, then OwnerFailed.
+  const c = await scripted([failed]);
+  await assert.rejects(new Client(c.url).sendEvent("k5", {}), OwnerFailed);
+  assert.equal(c.seen.length, 4);
+  assert.equal(new Set(c.seen.map((s) => s.headers["idempotency-key"])).size, 1);
+  const d = await scripted([failed]);
+  await assert.rejects(new Client({ baseUrls: d.url, retryOwnerFailed: { delayMs: 1, budgetMs: 5000, maxRetries: 1 } }).sendTurn("k5", {}), OwnerFailed);
+  assert.equal(d.seen.length, 2);
+});
+
+test("a connection reset after the turn was sent is re-sent with the same key; a GET is not", async () => {
+  const reset: Script = (res) => {
+    res.socket?.resetAndDestroy();
+  };
+  const a = await scripted([reset, reset, ok]);
+  const client = new Client({ baseUrls: a.url, retryOwnerFailed: { delayMs: 1, budgetMs: 5000 } });
+  const answer = await client.sendTurn("k10", { text: "x" });
+  assert.deepEqual(answer.directives, ["connection_lost", "connection_lost"]);
+  assert.deepEqual(
+    a.seen.map((s) => s.headers["idempotency-key"]),
+    [answer.idempotencyKey, answer.idempotencyKey, answer.idempotencyKey],
+  );
+  const b = await scripted([reset]);
+  await assert.rejects(new Client({ baseUrls: b.url, retryOwnerFailed: { delayMs: 1, budgetMs: 5000 } }).sendTurn("k10", {}), ConnectionError);
+  assert.equal(b.seen.length, 4, "the first request and 3 re-sends");
+  const c = await scripted([reset]);
+  await assert.rejects(new Client({ baseUrls: c.url, retryOwnerFailed: false }).sendTurn("k10", {}), ConnectionError);
+  assert.equal(c.seen.length, 1);
+  const d = await scripted([reset]);
+  await assert.rejects(new Client(d.url).getTurn("k10", "t-1"), ConnectionError);
+  assert.equal(d.seen.length, 1, "only turns and events are re-sent");
 });
 
 test("409 and 422 answers map to their typed errors", async () => {
@@ -172,18 +206,33 @@ test("409 and 422 answers map to their typed errors", async () => {
   }
 });
 
-test("turn(): 404 is undefined, 200 the turn's record; session() maps the fields", async () => {
+test("getTurn(): 404 is undefined, 200 the turn's record; cancelTurn(); session() maps the fields", async () => {
   const { url, seen } = await scripted([
     json(404, { error: "not_found" }),
-    json(200, { turn_id: "t-9", state: "finished", epoch: 2, answer: { history_len: 3 } }),
+    json(200, { turn_id: "t-9", state: "finished", epoch: 2, attempts: 2, answer: { status: 200, content_type: "application/json", body: '{"history_len":3}' } }),
     json(200, { key: "k7", owner: "node-b", epoch: 4, expires_in_ms: 1200, claimable: false }),
+    json(200, { turn_id: "t-9", state: "cancelled", epoch: 2 }),
+    json(404, { error: "not_found" }),
   ]);
   const client = new Client(url);
-  assert.equal(await client.turn("k7", "t-8"), undefined);
+  assert.equal(await client.getTurn("k7", "t-8"), undefined);
   const info = await client.turn("k7", "t-9");
-  assert.deepEqual({ ...info, raw: undefined }, { turnId: "t-9", state: "finished", epoch: 2, answer: { history_len: 3 }, raw: undefined });
+  assert.deepEqual(
+    { ...info, raw: undefined },
+    { turnId: "t-9", state: "finished", epoch: 2, attempts: 2, answer: { status: 200, contentType: "application/json", body: '{"history_len":3}' }, raw: undefined },
+  );
   assert.equal((seen[1] as Seen).url, "/v1/sessions/k7/turns/t-9");
   assert.deepEqual(await client.session("k7"), { key: "k7", owner: "node-b", epoch: 4, expiresInMs: 1200, claimable: false });
+  assert.equal(await client.cancelTurn("k7", "t-9"), true);
+  assert.equal(await client.cancelTurn("k7", "t-0"), false);
+  assert.deepEqual(
+    seen.slice(3).map((s) => [s.method, s.url]),
+    [
+      ["DELETE", "/v1/sessions/k7/turns/t-9"],
+      ["DELETE", "/v1/sessions/k7/turns/t-0"],
+    ],
+  );
+  await assert.rejects(client.getTurn("k7", "has space"), TypeError);
   assert.throws(() => client.stream("bad/key"), TypeError);
 });
 

@@ -22,7 +22,7 @@ from .errors import (
     RetryBudgetExhausted,
     Unreachable,
 )
-from .models import Event, SessionInfo, TurnInfo, TurnResponse
+from .models import Event, SessionInfo, TurnAnswer, TurnInfo, TurnResponse
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,7 @@ __all__ = [
     "OwnerFailed",
     "RetryBudgetExhausted",
     "SessionInfo",
+    "TurnAnswer",
     "TurnInfo",
     "TurnResponse",
     "Unreachable",

@@ -5,7 +5,10 @@ not made within the connect timeout) never reached the node, so the next node is
 as a load balancer would. A `503` carrying a directive is re-sent after `delay_ms` to the
 next node, until `budget_ms` after the first attempt. Everything else is the answer:
 success is returned, a failure is raised as its typed error. Nothing is retried without a
-directive, except `502 owner_failed` when `retry_owner_failed` is set.
+directive, except a turn or event that may have run (`502 owner_failed`, or its
+connection lost after it was sent) while `retry_owner_failed` is on (the default): it is
+re-sent with the same Idempotency-Key, at most `owner_failed_retries` times, which the
+server answers exactly once (a repeat of a key never runs twice).
 """
 
 from __future__ import annotations
@@ -166,7 +169,8 @@ class Nodes:
 class Options:
     """Settings shared by `Client` and `AsyncClient` (see their docstrings)."""
 
-    retry_owner_failed: bool = False
+    retry_owner_failed: bool = True
+    owner_failed_retries: int = 3
     owner_failed_delay: float = 0.5
     owner_failed_budget: float = 30.0
     retry_after_budget: float = 30.0
@@ -197,11 +201,31 @@ class Attempts:
         self.started = time.monotonic()
         self.node = nodes.next_index()
         self.refused = 0
+        self.resent = 0
         self.directives: list[str] = []
 
     @property
     def base_url(self) -> str:
         return self.nodes.urls[self.node]
+
+    def _resend(self, code: str) -> float | None:
+        """The delay before re-sending a request that may have run (same key), or `None`
+        when it may not be re-sent (not asked to, or out of retries or budget)."""
+        if not self.owner_failed_retry or self.resent >= self.options.owner_failed_retries:
+            return None
+        delay = self.options.owner_failed_delay
+        if self.elapsed() + delay > self.options.owner_failed_budget:
+            return None
+        self.resent += 1
+        self.directives.append(code)
+        self.node = self.nodes.next_index()
+        return delay
+
+    def connection_lost(self) -> float | None:
+        """The connection failed after the request was sent (reset, closed before the
+        answer): the delay before re-sending it with the same key, or `None` to raise."""
+        self.refused = 0
+        return self._resend("connection_lost")
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -232,11 +256,9 @@ class Attempts:
                 )
             self.node = self.nodes.next_index()
             return directive.delay
-        if self.owner_failed_retry and status == 502 and error_code(content) == "owner_failed":
-            delay = self.options.owner_failed_delay
-            if self.elapsed() + delay <= self.options.owner_failed_budget:
-                self.directives.append("owner_failed")
-                self.node = self.nodes.next_index()
+        if status == 502 and error_code(content) == "owner_failed":
+            delay = self._resend("owner_failed")
+            if delay is not None:
                 return delay
         return Answer(status, headers, content, self.base_url, list(self.directives))
 

@@ -19,8 +19,17 @@ What the app does for you:
 - `POST /sessions/{key}/stand-down` (the sidecar lost the session) cancels the session's
   running handler (`asyncio.CancelledError` inside it) and calls `on_stand_down(key)` so
   you can drop in-memory state; the cancelled turn is answered `409 {"error":"fenced"}`.
-- `POST /sessions/{key}/turns/{turn_id}/cancel` (a newer turn interrupted it) cancels that
-  turn's handler; it is answered `409 {"error":"interrupted"}`.
+- `POST /sessions/{key}/turns/{turn_id}/cancel` (a newer turn interrupted it) stops that
+  turn: `session.cancelled` is set, `on_cancel(key, turn_id)` is called, and the handler
+  is cancelled (`asyncio.CancelledError` at its current `await`). From then on every
+  write of that session handle raises `Interrupted` without being sent, so nothing more
+  of the turn is published. The cancel is answered `204` once the handler has ended
+  (within `CANCEL_WAIT`); the turn is answered `409 {"error":"interrupted"}` (the sidecar
+  answers the client itself).
+- A turn re-dispatched after its owner was lost mid-turn carries `Leasehold-Resume`:
+  `session.resumed` is true, and `await session.journal_events()` returns what its
+  earlier attempts published (the sidecar already showed those to watchers, then
+  `turn_resumed`): publish only the rest, and no second `turn_started`.
 - A `Fenced` raised out of the handler is answered `409 {"error":"fenced"}` (the sidecar
   turns it into a `fenced` directive for the client, or `owner_failed` if something was
   already checkpointed). A sidecar refusal (`503` with a directive, e.g. the lease store is
@@ -52,7 +61,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ._policy import directive_of, error_for
-from .errors import Fenced, HttpError, LeaseholdError
+from .errors import Fenced, HttpError, Interrupted, LeaseholdError
 from .models import Event, event_from_frame
 
 log = logging.getLogger("leasehold.agent")
@@ -81,6 +90,8 @@ _NOT_CLIENT_HEADERS = frozenset(
 
 #: Local calls to the sidecar: it bounds its own statements by 5 s, so this is ample.
 SIDECAR_TIMEOUT = httpx.Timeout(30.0, connect=1.0)
+#: How long a cancel (or stand-down) waits for the handler to end before it answers anyway.
+CANCEL_WAIT = 3.0  # under the sidecar's 5 s limit on the notification
 
 
 class SidecarUnreachable(LeaseholdError):
@@ -165,9 +176,12 @@ class SidecarApi:
         event_id = response.json().get("id")
         return str(event_id)
 
-    async def journal_events(self, key: str, turn_id: str) -> list[Event]:
+    async def journal_events(self, key: str, turn_id: str, epoch: int | None = None) -> list[Event]:
+        """`GET /v1/sessions/{key}/turns/{turn_id}/events` with `Leasehold-Epoch: epoch`:
+        the journaled events of the turn's attempts at epochs below `epoch`, oldest first.
+        `404` (no such turn, or a sidecar without the journal) is `[]`."""
         url = self._url(key, f"turns/{quote(turn_id, safe='')}/events")
-        response = await self._send("GET", url)
+        response = await self._send("GET", url, epoch=epoch)
         if response.status_code == 404:
             return []
         self._check(response)
@@ -219,14 +233,41 @@ class Session:
         self.fenced = False
         #: The epoch that wrote the checkpoint last thawed (`None` before a thaw or if none).
         self.checkpoint_epoch: int | None = None
+        #: Set when the sidecar cancelled this turn (a newer turn interrupted it) or stood
+        #: the session down: await it in helper tasks that must stop with the turn.
+        self.cancelled = asyncio.Event()
+        #: Why: `"interrupted"` (`POST …/turns/{id}/cancel`) or `"fenced"` (stand-down).
+        self.cancel_reason: str | None = None
 
     def __repr__(self) -> str:
         return f"Session(key={self.key!r}, epoch={self.epoch}, turn_id={self.turn_id!r})"
 
+    @property
+    def resumed(self) -> bool:
+        """This turn was re-dispatched after its owner was lost mid-turn
+        (`Leasehold-Resume`): its earlier attempts' events are in `journal_events()`."""
+        return self.resume_of is not None
+
+    def cancel(self, reason: str) -> None:
+        """Mark the turn stopped from outside (the app calls this on a cancel or a
+        stand-down): `cancelled` is set and later writes raise without being sent."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if reason == "fenced":
+            self.fenced = True
+        self.cancelled.set()
+
     async def _write(self, call: Awaitable[Any]) -> Any:
-        if self.fenced:
+        if self.fenced or self.cancel_reason is not None:
             if inspect.iscoroutine(call):
                 call.close()
+            if self.cancel_reason == "interrupted":
+                raise Interrupted(
+                    409,
+                    "interrupted",
+                    b'{"error":"interrupted"}',
+                    message=f"turn {self.turn_id} of {self.key} was cancelled",
+                )
             raise Fenced(message=f"session {self.key} at epoch {self.epoch} was fenced")
         try:
             return await call
@@ -267,13 +308,14 @@ class Session:
         return event_id
 
     async def journal_events(self) -> list[Event]:
-        """The journaled events of this turn's earlier attempts (docs/http-api.md/§9), to
-        continue a resumed turn (`resume_of` is set). `[]` when there are none — also what
-        a sidecar without the turn journal answers (`404`)."""
+        """The journaled events of this turn's earlier attempts (epochs below this one),
+        oldest first, to continue a resumed turn (`resumed` is true): publish only what
+        they lack. `[]` when there are none — also what a sidecar without the turn
+        journal answers (`404`)."""
         turn_id = self.resume_of or self.turn_id
         if turn_id is None:
             return []
-        return await self.sidecar.journal_events(self.key, turn_id)
+        return await self.sidecar.journal_events(self.key, turn_id, self.epoch)
 
     async def release(self) -> None:
         """The session idled out: release its lease (claimable at once by any node)."""
@@ -297,6 +339,11 @@ class TurnRequest:
     resume_of: str | None = None
 
     @property
+    def resumed(self) -> bool:
+        """Re-dispatched after its owner was lost mid-turn (`Leasehold-Resume`)."""
+        return self.resume_of is not None
+
+    @property
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
 
@@ -315,6 +362,8 @@ class TurnRequest:
 Reply: TypeAlias = Response | Mapping[str, Any] | list[Any] | str | bytes | tuple[int, Any] | None
 Handler: TypeAlias = Callable[[Session, TurnRequest], Awaitable[Reply]]
 StandDownHook: TypeAlias = Callable[[str], Awaitable[None] | None]
+#: `on_cancel(key, turn_id)`: the sidecar cancelled that turn (a newer one interrupted it).
+CancelHook: TypeAlias = Callable[[str, str], Awaitable[None] | None]
 
 
 def _error(status: int, code: str, message: str | None = None) -> JSONResponse:
@@ -350,8 +399,33 @@ def to_response(reply: Reply) -> Response:
 class _Running:
     task: asyncio.Task[Reply]
     turn_id: str | None
+    session: Session
     #: Why it was cancelled from outside: "fenced" (stand-down) or "interrupted".
     reason: str | None = None
+
+    def stop(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.session.cancel(reason)
+        self.task.cancel()
+
+
+async def _call_hook(name: str, hook: Callable[..., Any], *args: Any) -> None:
+    try:
+        result = hook(*args)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:  # what the hook reacts to happened; its failure is logged
+        log.exception("%s%r failed", name, args)
+
+
+async def _ended(tasks: list[asyncio.Task[Reply]]) -> None:
+    """Wait (bounded) until the cancelled handlers have ended."""
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT)
+        if pending:
+            log.warning(
+                "%d cancelled handler(s) still running after %ss", len(pending), CANCEL_WAIT
+            )
 
 
 @dataclass
@@ -371,10 +445,12 @@ class AgentApp:
         on_event: Handler | None,
         on_stand_down: StandDownHook | None,
         sidecar: SidecarApi,
+        on_cancel: CancelHook | None = None,
     ) -> None:
         self.on_turn = on_turn
         self.on_event = on_event
         self.on_stand_down = on_stand_down
+        self.on_cancel = on_cancel
         self.sidecar = sidecar
         self.slots: dict[str, _Slot] = {}
 
@@ -419,7 +495,7 @@ class AgentApp:
             async with slot.lock:  # one turn of a session at a time, in arrival order
                 return await handler(session, turn)
 
-        running = _Running(asyncio.create_task(run()), turn_id)
+        running = _Running(asyncio.create_task(run()), turn_id, session)
         slot.running.append(running)
         try:
             await asyncio.wait({running.task})
@@ -462,26 +538,25 @@ class AgentApp:
     async def stand_down(self, request: Request) -> Response:
         key = request.path_params["key"]
         slot = self.slots.get(key)
-        for running in list(slot.running) if slot else []:
-            running.reason = "fenced"
-            running.task.cancel()
+        stopped = list(slot.running) if slot else []
+        for running in stopped:
+            running.stop("fenced")
         if self.on_stand_down is not None:
-            try:
-                result = self.on_stand_down(key)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:  # the stand-down itself happened; the hook's failure is logged
-                log.exception("on_stand_down(%r) failed", key)
+            await _call_hook("on_stand_down", self.on_stand_down, key)
+        await _ended([r.task for r in stopped])
         log.info("session %s stood down", key)
         return Response(status_code=204)
 
     async def cancel(self, request: Request) -> Response:
         key, turn_id = request.path_params["key"], request.path_params["turn_id"]
         slot = self.slots.get(key)
-        for running in list(slot.running) if slot else []:
-            if running.turn_id == turn_id:
-                running.reason = "interrupted"
-                running.task.cancel()
+        stopped = [r for r in (slot.running if slot else []) if r.turn_id == turn_id]
+        for running in stopped:
+            running.stop("interrupted")
+        if stopped and self.on_cancel is not None:
+            await _call_hook("on_cancel", self.on_cancel, key, turn_id)
+        await _ended([r.task for r in stopped])
+        log.info("turn %s of %s cancelled (%s running)", turn_id, key, len(stopped))
         return Response(status_code=204)
 
 
@@ -490,18 +565,26 @@ def create_app(
     *,
     on_event: Handler | None = None,
     on_stand_down: StandDownHook | None = None,
+    on_cancel: CancelHook | None = None,
     sidecar_url: str | None = None,
     http_client: httpx.AsyncClient | None = None,
     routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The agent's ASGI app (Starlette). `on_turn` serves turns, and events too unless
     `on_event` is given (`request.kind` tells them apart); `on_stand_down(key)` is called
-    when the sidecar lost a session, after its running handler was cancelled; `routes`
-    are added to the app (e.g. health checks). `sidecar_url` defaults to
-    `$LEASEHOLD_SIDECAR_URL`, else `http://127.0.0.1:8082`."""
+    when the sidecar lost a session, after its running handler was cancelled;
+    `on_cancel(key, turn_id)` when the sidecar cancelled a running turn (a newer one
+    interrupted it), likewise; `routes` are added to the app (e.g. health checks).
+    `sidecar_url` defaults to `$LEASEHOLD_SIDECAR_URL`, else `http://127.0.0.1:8082`."""
     url = sidecar_url or os.environ.get("LEASEHOLD_SIDECAR_URL") or DEFAULT_SIDECAR_URL
     sidecar = SidecarApi(url, http=http_client)
-    agent = AgentApp(on_turn, on_event=on_event, on_stand_down=on_stand_down, sidecar=sidecar)
+    agent = AgentApp(
+        on_turn,
+        on_event=on_event,
+        on_stand_down=on_stand_down,
+        sidecar=sidecar,
+        on_cancel=on_cancel,
+    )
 
     async def turns(request: Request) -> Response:
         return await agent.dispatch(request, "turn")

@@ -9,14 +9,16 @@
 Every turn gets an `Idempotency-Key` (a uuid4 unless given) that all of its attempts
 carry, with the matching `Leasehold-Turn-Id`. A `503` with a retry directive is re-sent
 after `delay_ms` (to the next base URL) until `budget_ms` after the first attempt, then
-`RetryBudgetExhausted` is raised; a connection refused goes to the next base URL; nothing
-else is retried, so an answer that may mean "it ran" (`502 owner_failed`, a connection lost
-mid-answer) is raised as `OwnerFailed` / `ConnectionLost`.
+`RetryBudgetExhausted` is raised; a connection refused goes to the next base URL.
 
-`retry_owner_failed=True` re-sends a `502 owner_failed` with the same Idempotency-Key
-(after `owner_failed_delay`, up to `owner_failed_budget`). That is only safe once the
-server records idempotency keys (docs/http-api.md: a repeat of a key never runs twice); on a
-server that does not, the turn may run twice. It is off by default for that reason.
+An answer that may mean "it ran" — `502 owner_failed`, or the connection lost after the
+turn was sent (reset, closed before the answer) — is re-sent with the same
+Idempotency-Key, at most `owner_failed_retries` times (3), `owner_failed_delay` apart,
+within `owner_failed_budget`: the server runs a key once and answers a repeat with the
+recorded answer (`answer.replayed`), or attaches it to the attempt still running. Then
+it is raised as `OwnerFailed` / `ConnectionLost`. `retry_owner_failed=False` turns this
+off: do so against a sidecar that does not record idempotency keys (before the turn
+journal), where a re-sent turn may run twice. A read timeout is never re-sent.
 """
 
 from __future__ import annotations
@@ -46,12 +48,15 @@ from ._policy import (
     error_for,
     turn_id_for,
 )
-from .errors import ConnectionLost
+from .errors import ConnectionLost, NotFound
 from .models import Event, SessionInfo, TurnInfo, TurnResponse
 from .sse import SSEParser
 
 #: Failures where the request never left: the next node may be tried.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: Failures after a request was sent that lose its answer: a turn may have run; re-sent
+#: with the same Idempotency-Key when allowed. (A timeout is not one: the turn is slow.)
+_LOST = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 #: Failures of a stream's connection once it was open: reconnect with Last-Event-ID.
 _STREAM_DROPPED = (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError)
 
@@ -117,20 +122,39 @@ def _turn_info(answer: Answer) -> TurnInfo | None:
     return TurnInfo.from_json(json.loads(answer.content))
 
 
+def _turn_path(key: str, turn_id: str) -> str:
+    if not IDEMPOTENCY_KEY_RE.fullmatch(turn_id):
+        raise ValueError("a turn id is 1-255 visible ASCII characters")
+    return f"/v1/sessions/{check_key(key)}/turns/{quote(turn_id, safe='')}"
+
+
+def _cancelled(answer: Answer) -> bool:
+    if 200 <= answer.status < 300:
+        return True
+    error = error_for(answer.status, answer.headers, answer.content)
+    if isinstance(error, NotFound):
+        return False
+    raise error
+
+
 def _headers(response: httpx.Response) -> dict[str, str]:
     return {k.lower(): v for k, v in response.headers.items()}
 
 
 def _options(
     retry_owner_failed: bool,
+    owner_failed_retries: int,
     owner_failed_delay: float,
     owner_failed_budget: float,
     retry_after_budget: float,
     reconnect_budget: float,
     headers: Mapping[str, str] | None,
 ) -> Options:
+    if owner_failed_retries < 0:
+        raise ValueError("owner_failed_retries must be >= 0")
     return Options(
         retry_owner_failed=retry_owner_failed,
+        owner_failed_retries=owner_failed_retries,
         owner_failed_delay=owner_failed_delay,
         owner_failed_budget=owner_failed_budget,
         retry_after_budget=retry_after_budget,
@@ -146,8 +170,9 @@ class Client:
         base_urls: one URL (a load balancer) or every node's public URL.
         timeout: per attempt (httpx); connect failures within `connect` go to the next URL.
         headers: sent with every request (e.g. `Authorization`); per-call headers win.
-        retry_owner_failed: re-send `502 owner_failed` with the same Idempotency-Key
-            (see the module docstring: safe only once the server records keys).
+        retry_owner_failed: re-send a turn that may have run (`502 owner_failed`, a lost
+            connection) with the same Idempotency-Key (see the module docstring); on by
+            default, `owner_failed_retries` times at most.
         retry_after_budget: the budget of a `503` that has `Retry-After` but no directive.
         reconnect_budget: how long a stream keeps trying to reconnect before it raises.
         stream_timeout: timeouts of a stream's connection (`read` must exceed the 15 s
@@ -161,7 +186,8 @@ class Client:
         *,
         timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
-        retry_owner_failed: bool = False,
+        retry_owner_failed: bool = True,
+        owner_failed_retries: int = 3,
         owner_failed_delay: float = 0.5,
         owner_failed_budget: float = 30.0,
         retry_after_budget: float = 30.0,
@@ -172,6 +198,7 @@ class Client:
         self.nodes = Nodes(base_urls)
         self.options = _options(
             retry_owner_failed,
+            owner_failed_retries,
             owner_failed_delay,
             owner_failed_budget,
             retry_after_budget,
@@ -220,7 +247,11 @@ class Client:
                 attempts.connect_failed(e)
                 continue
             except httpx.TransportError as e:
-                raise ConnectionLost(f"{method} {url}: {e!r}", url=url) from e
+                delay = attempts.connection_lost() if isinstance(e, _LOST) else None
+                if delay is None:
+                    raise ConnectionLost(f"{method} {url}: {e!r}", url=url) from e
+                time.sleep(delay)
+                continue
             outcome = attempts.answered(response.status_code, _headers(response), response.content)
             if isinstance(outcome, Answer):
                 return outcome
@@ -272,12 +303,21 @@ class Client:
         """`GET /v1/sessions/{key}`: the session's owner now (a read, never a claim)."""
         return _session_info(self._request("GET", f"/v1/sessions/{check_key(key)}"))
 
+    def get_turn(self, key: str, turn_id: str) -> TurnInfo | None:
+        """`GET /v1/sessions/{key}/turns/{turn_id}` (docs/http-api.md): the turn's state
+        and, once finished, its recorded answer; `None` on `404`. `turn_id` is the turn's
+        Idempotency-Key (`answer.idempotency_key`)."""
+        return _turn_info(self._request("GET", _turn_path(key, turn_id)))
+
     def turn(self, key: str, turn_id: str) -> TurnInfo | None:
-        """`GET /v1/sessions/{key}/turns/{turn_id}` (docs/http-api.md); `None` on `404`."""
-        if not IDEMPOTENCY_KEY_RE.fullmatch(turn_id):
-            raise ValueError("a turn id is 1-255 visible ASCII characters")
-        path = f"/v1/sessions/{check_key(key)}/turns/{quote(turn_id, safe='')}"
-        return _turn_info(self._request("GET", path))
+        """The same as `get_turn`."""
+        return self.get_turn(key, turn_id)
+
+    def cancel_turn(self, key: str, turn_id: str) -> bool:
+        """`DELETE /v1/sessions/{key}/turns/{turn_id}`: cancel a turn (queued or running;
+        its client gets `409 interrupted`/`cancelled`). `True` when the server accepted
+        it, `False` on `404` (no such turn)."""
+        return _cancelled(self._request("DELETE", _turn_path(key, turn_id)))
 
     def stream(self, key: str, last_event_id: str | None = None) -> EventStream:
         """`GET /v1/sessions/{key}/stream`: an iterator of `Event`s that reconnects by
@@ -397,7 +437,8 @@ class AsyncClient:
         *,
         timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
-        retry_owner_failed: bool = False,
+        retry_owner_failed: bool = True,
+        owner_failed_retries: int = 3,
         owner_failed_delay: float = 0.5,
         owner_failed_budget: float = 30.0,
         retry_after_budget: float = 30.0,
@@ -408,6 +449,7 @@ class AsyncClient:
         self.nodes = Nodes(base_urls)
         self.options = _options(
             retry_owner_failed,
+            owner_failed_retries,
             owner_failed_delay,
             owner_failed_budget,
             retry_after_budget,
@@ -458,7 +500,11 @@ class AsyncClient:
                 attempts.connect_failed(e)
                 continue
             except httpx.TransportError as e:
-                raise ConnectionLost(f"{method} {url}: {e!r}", url=url) from e
+                delay = attempts.connection_lost() if isinstance(e, _LOST) else None
+                if delay is None:
+                    raise ConnectionLost(f"{method} {url}: {e!r}", url=url) from e
+                await asyncio.sleep(delay)
+                continue
             outcome = attempts.answered(response.status_code, _headers(response), response.content)
             if isinstance(outcome, Answer):
                 return outcome
@@ -512,12 +558,17 @@ class AsyncClient:
         """See `Client.session`."""
         return _session_info(await self._request("GET", f"/v1/sessions/{check_key(key)}"))
 
+    async def get_turn(self, key: str, turn_id: str) -> TurnInfo | None:
+        """See `Client.get_turn`."""
+        return _turn_info(await self._request("GET", _turn_path(key, turn_id)))
+
     async def turn(self, key: str, turn_id: str) -> TurnInfo | None:
-        """See `Client.turn`."""
-        if not IDEMPOTENCY_KEY_RE.fullmatch(turn_id):
-            raise ValueError("a turn id is 1-255 visible ASCII characters")
-        path = f"/v1/sessions/{check_key(key)}/turns/{quote(turn_id, safe='')}"
-        return _turn_info(await self._request("GET", path))
+        """The same as `get_turn`."""
+        return await self.get_turn(key, turn_id)
+
+    async def cancel_turn(self, key: str, turn_id: str) -> bool:
+        """See `Client.cancel_turn`."""
+        return _cancelled(await self._request("DELETE", _turn_path(key, turn_id)))
 
     def stream(self, key: str, last_event_id: str | None = None) -> AsyncEventStream:
         """See `Client.stream`; iterate with `async for`, close with `aclose()`."""

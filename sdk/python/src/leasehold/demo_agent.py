@@ -7,7 +7,11 @@ state (`{"history": [...]}`) unless it already holds it at this epoch; publishes
 `turn_started`, then `tokens` events of type `token` spread over `think_ms`, then
 `turn_finished`; appends to `history`; checkpoints; answers
 `200 {"history_len": n, "epoch": e, "node": "<node-id>"}`. A fenced write stops it at
-once (`409 {"error":"fenced"}`); a stand-down drops what it holds.
+once (`409 {"error":"fenced"}`); a stand-down drops what it holds. A resumed turn
+(`Leasehold-Resume`) publishes no second `turn_started` and only the tokens its earlier
+attempts did not journal (`turn_finished` unless journaled), and does not append its
+entry twice (the checkpoint's `last_turn`); a cancelled one stops at once
+(`409 {"error":"interrupted"}`, answered by the SDK).
 
     python -m leasehold.demo_agent --listen 127.0.0.1:3000 --sidecar-url http://127.0.0.1:8082
 """
@@ -86,6 +90,8 @@ class Held:
 
     epoch: int
     history: list[str] = field(default_factory=list)
+    #: The turn whose entry is the last of `history`: a resume must not append it twice.
+    last_turn: str | None = None
 
 
 def _history(state: Any) -> list[str]:
@@ -95,6 +101,23 @@ def _history(state: Any) -> list[str]:
     if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
         raise BadCheckpoint('the checkpoint is not {"history":[...]}')
     return history
+
+
+async def _progress(session: Session) -> tuple[int, bool]:
+    """Where a resumed turn picks up: the first token index its earlier attempts did not
+    journal, and whether they journaled `turn_finished`."""
+    if not session.resumed:
+        return 0, False
+    next_token, counted, finished = 0, 0, False
+    for event in await session.journal_events():
+        if event.type == "turn_finished":
+            finished = True
+        elif event.type == "token":
+            counted += 1
+            i = event.data.get("i") if isinstance(event.data, dict) else None
+            if isinstance(i, int) and not isinstance(i, bool):
+                next_token = max(next_token, i + 1)
+    return max(next_token, counted), finished
 
 
 class DemoAgent:
@@ -131,26 +154,38 @@ class DemoAgent:
                 state = await session.thaw_json()
             except ValueError as e:  # not JSON at all
                 raise BadCheckpoint(f"the checkpoint is not JSON: {e}") from e
-            held = Held(session.epoch, _history(state))
+            last_turn = state.get("last_turn") if isinstance(state, dict) else None
+            held = Held(session.epoch, _history(state), last_turn)
             self.held[session.key] = held
         if request.kind == "turn":
             entry = data.text or ""
         else:
             entry = f"event:{data.name or 'event'}"
-        await session.publish("turn_started", {"text": entry, "node": self.node_id})
+        # A resumed turn publishes only what its earlier attempts did not journal, and
+        # does not append its entry again if one of them checkpointed it.
+        next_token, finished = await _progress(session)
+        checkpointed = session.resumed and held.last_turn == session.turn_id
+        if not session.resumed:
+            await session.publish("turn_started", {"text": entry, "node": self.node_id})
         tokens = DEFAULT_TOKENS if data.tokens is None else data.tokens
         think = min(data.think_ms, MAX_THINK_MS) / 1000
         pause = think if tokens == 0 else think / tokens
-        for i in range(tokens):
+        for i in range(next_token, tokens):
             await asyncio.sleep(pause)
             await session.publish("token", {"i": i, "text": f"tok{i}"})
         if tokens == 0:
             await asyncio.sleep(pause)
-        await session.publish("turn_finished", {"history_len": len(held.history) + 1})
-        history = [*held.history, entry]
-        await session.checkpoint({"history": history})
-        held.history = history
-        body = {"history_len": len(history), "epoch": session.epoch, "node": self.node_id}
+        history_len = len(held.history) + (0 if checkpointed else 1)
+        if not finished:
+            await session.publish("turn_finished", {"history_len": history_len})
+        if not checkpointed:
+            history = [*held.history, entry]
+            stored: dict[str, Any] = {"history": history}
+            if session.turn_id is not None:
+                stored["last_turn"] = session.turn_id
+            await session.checkpoint(stored)
+            held.history, held.last_turn = history, session.turn_id
+        body = {"history_len": history_len, "epoch": session.epoch, "node": self.node_id}
         return JSONResponse(body)
 
     def stand_down(self, key: str) -> None:

@@ -82,15 +82,48 @@ class SessionInfo:
 
 
 @dataclass(frozen=True)
+class TurnAnswer:
+    """A finished turn's recorded answer: what its client got (or would have got)."""
+
+    status: int
+    content_type: str | None
+    body: Any
+
+    def json(self) -> Any:
+        """The body parsed as JSON when it is JSON text, else as it came."""
+        if isinstance(self.body, str):
+            try:
+                return json.loads(self.body)
+            except ValueError:
+                return self.body
+        return self.body
+
+    @classmethod
+    def from_json(cls, data: Any) -> TurnAnswer | None:
+        if not isinstance(data, Mapping):
+            return None
+        status = data.get("status")
+        content_type = data.get("content_type")
+        return cls(
+            status=status if isinstance(status, int) else 0,
+            content_type=content_type if isinstance(content_type, str) else None,
+            body=data.get("body"),
+        )
+
+
+@dataclass(frozen=True)
 class TurnInfo:
-    """`GET /v1/sessions/{key}/turns/{id}` (docs/http-api.md): a turn's state, and its
-    recorded answer once finished. `raw` is the whole JSON object."""
+    """`GET /v1/sessions/{key}/turns/{id}` (docs/http-api.md): a turn's state (`running`,
+    `finished`, `interrupted`, `cancelled`), the epoch of its latest attempt, how many
+    attempts it took, and its recorded answer once finished. `raw` is the whole JSON
+    object."""
 
     turn_id: str
     state: str
     epoch: int | None
-    answer: Any
+    answer: TurnAnswer | None
     raw: Mapping[str, Any]
+    attempts: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -98,12 +131,14 @@ class TurnInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TurnInfo:
+        attempts = data.get("attempts")
         return cls(
             turn_id=str(data.get("turn_id", "")),
             state=str(data.get("state", "")),
             epoch=data.get("epoch"),
-            answer=data.get("answer"),
+            answer=TurnAnswer.from_json(data.get("answer")),
             raw=dict(data),
+            attempts=attempts if isinstance(attempts, int) else None,
         )
 
 
