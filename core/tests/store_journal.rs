@@ -45,11 +45,12 @@ async fn a_turn_is_journaled_once_and_its_recorded_answer_found_again() {
     store.claim(&s, &a).await.unwrap();
     let t = turn("t1", b"{\"text\":\"hi\"}");
     assert_eq!(store.begin_turn(&s, &a, Epoch(1), &t).await.unwrap(), Begun::Started);
-    // A repeat while it runs at our epoch is not journaled again (and not resumed).
-    let Begun::Existing(running) = store.begin_turn(&s, &a, Epoch(1), &t).await.unwrap() else {
-        panic!("a second begin of a running turn must find it")
+    // Begun again at our epoch (its attempt here was halted): not journaled again, taken
+    // over as a second attempt.
+    let Begun::Resumed(running) = store.begin_turn(&s, &a, Epoch(1), &t).await.unwrap() else {
+        panic!("a second begin of a running turn must take it over")
     };
-    assert_eq!((running.state, running.epoch, running.attempts), (TurnState::Running, Epoch(1), 1));
+    assert_eq!((running.state, running.epoch, running.attempts), (TurnState::Running, Epoch(1), 2));
     assert_eq!(running.digest, t.digest());
     store.finish_turn(&s, &a, Epoch(1), "t1", &answer("{\"n\":1}")).await.unwrap();
     let Begun::Existing(done) = store.begin_turn(&s, &a, Epoch(1), &t).await.unwrap() else {
@@ -116,8 +117,8 @@ async fn the_next_owner_takes_over_an_interrupted_turn_and_reads_its_events() {
         (resumed.epoch, resumed.attempts, resumed.request.as_slice()),
         (Epoch(2), 2, &b"{\"tokens\":5}"[..])
     );
-    // Taken over once: a second begin at the same epoch finds it running here.
-    assert!(matches!(store.begin_turn(&s, &b, Epoch(2), &t).await.unwrap(), Begun::Existing(_)));
+    // A zombie of epoch 1 cannot take it back.
+    assert_eq!(store.resume_turn(&s, &a, Epoch(1), "t1").await.unwrap(), None);
     let earlier = store.turn_events(&s, "t1", Epoch(2)).await.unwrap();
     assert_eq!(earlier.iter().map(|e| e.id.seq).collect::<Vec<_>>(), [1, 2, 3]);
 

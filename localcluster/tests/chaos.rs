@@ -1,6 +1,7 @@
 //! A short randomized fault run (the long one is `make chaos`): at least 30 faults of
 //! every kind against three real sidecars and demo agents with a private Postgres, then
-//! every session's history checked against what its client was told. No anomaly allowed.
+//! every session's history checked against what its client was told. No anomaly allowed,
+//! and, with clients that send every turn with an idempotency key, no turn left ambiguous.
 //! The seed is printed; `LEASEHOLD_CHAOS_SEED=<seed>` replays a run's schedule.
 
 use std::time::{Duration, Instant};
@@ -28,6 +29,13 @@ async fn a_short_chaos_run_finds_no_anomaly() {
         "seed {seed}: {} anomalies: {:?}",
         report.anomalies.len(),
         report.anomaly_counts()
+    );
+    // Idempotent clients re-send until they have every turn's answer: none is left
+    // ambiguous (nor in flight when the clients stopped).
+    assert_eq!(
+        (report.turns.ambiguous, report.turns.pending),
+        (0, 0),
+        "seed {seed}: turns left without a known outcome"
     );
     assert!(started.elapsed() < BUDGET, "seed {seed}: took {:?}", started.elapsed());
 }

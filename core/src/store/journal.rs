@@ -141,8 +141,9 @@ impl TurnRecord {
 pub enum Begun {
     /// Journaled now: dispatch it.
     Started,
-    /// It was running at an earlier epoch (interrupted): now at ours, attempt `attempts`;
-    /// dispatch it as a resume.
+    /// It was running (interrupted at an earlier epoch, or an attempt of ours halted
+    /// without an answer): now at ours, attempt `attempts`; dispatch it as a resume. The
+    /// caller runs one turn of a session at a time, so no attempt of it is under way.
     Resumed(TurnRecord),
     /// Already journaled and not resumable by us: finished, cancelled, or running at our
     /// own epoch (an attempt of this node is under way).
@@ -203,13 +204,15 @@ SELECT EXISTS (SELECT 1 FROM lease) AS held, EXISTS (SELECT 1 FROM ins) AS inser
     )
 }
 
-/// Take over an interrupted turn: running at an epoch below ours.
+/// Take over an interrupted turn: running at an epoch up to ours (at ours: an attempt of
+/// this owner that was halted without an answer; the caller runs one turn of a session
+/// at a time, so none of its attempts is still running).
 fn resume_sql() -> String {
     format!(
         r#"WITH {LEASE_CTE}
 UPDATE agent_turns t SET epoch = $3, attempts = t.attempts + 1
 FROM lease
-WHERE t.agent_key = lease.agent_key AND t.turn_id = $4 AND t.state = 'running' AND t.epoch < $3
+WHERE t.agent_key = lease.agent_key AND t.turn_id = $4 AND t.state = 'running' AND t.epoch <= $3
 RETURNING t.turn_id, t.kind, t.digest, t.request, t.content_type, t.epoch, t.attempts,
           t.state, t.status, t.answer_type, t.answer"#
     )
@@ -321,8 +324,9 @@ fn seq_i64(id: EventId) -> i64 {
 impl LeaseStore {
     /// Journal a turn before its dispatch, under the fence (`Err(Fenced)` when this
     /// owner/epoch no longer holds the session). A turn id seen before is not journaled
-    /// again: an interrupted one is taken over at our epoch ([`Begun::Resumed`]), any
+    /// again: one still running is taken over at our epoch ([`Begun::Resumed`]), any
     /// other is returned as it stands ([`Begun::Existing`]); the caller compares digests.
+    /// The caller runs one turn of a session at a time.
     pub async fn begin_turn(
         &self,
         key: &SessionKey,
@@ -350,7 +354,7 @@ impl LeaseStore {
             return Ok(Begun::Started);
         }
         // Journaled before. Only the session's owner writes its turns, so the row is
-        // committed: an interrupted attempt is ours to take over, anything else stands.
+        // committed: a running attempt is ours to take over, anything else stands.
         if let Some(resumed) = self.resume_turn(key, owner, epoch, turn.turn_id).await? {
             return Ok(Begun::Resumed(resumed));
         }
@@ -361,9 +365,9 @@ impl LeaseStore {
         }
     }
 
-    /// Take over an interrupted turn (running at an earlier epoch) at our epoch; `None`
-    /// when it is not running at an earlier epoch. `Err(Fenced)` when we do not hold the
-    /// session.
+    /// Take over a turn still running at an epoch up to ours (interrupted, or halted
+    /// here) at our epoch; `None` when it is not running or we do not hold the session.
+    /// The caller runs one turn of a session at a time.
     pub async fn resume_turn(
         &self,
         key: &SessionKey,

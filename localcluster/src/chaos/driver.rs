@@ -1,8 +1,10 @@
 //! One session's client: sequential turns, each with a unique text, sent round-robin over
-//! the nodes' public ports. It obeys retry directives (re-sends after `delay_ms`, gives up
-//! after `budget_ms`) and never re-sends a request that may have been received: a timeout
-//! or a broken connection after sending, a body cut short, and `502 owner_failed` are
-//! recorded as ambiguous and the session moves on. Only a refused connection (nothing was
+//! the nodes' public ports, each with its text as its `Idempotency-Key`. It obeys retry
+//! directives (re-sends after `delay_ms`), and re-sends with the same key whatever may
+//! have been received (a timeout or a broken connection after sending, a body cut short,
+//! `502 owner_failed`): the journal runs a turn once however often it is sent, so the
+//! client keeps at it until it has the turn's answer, for up to [`TURN_DEADLINE`]. Only
+//! then is a turn recorded as ambiguous or refused. A refused connection (nothing was
 //! sent) goes to the next node at once.
 
 use std::{
@@ -24,6 +26,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Up to this long between a session's turns, so the cluster is busy but not saturated.
 const MAX_TURN_GAP_MS: u64 = 100;
+/// How long a client keeps re-sending one turn (with its key) before it records it as
+/// unresolved: longer than any fault of a run and its recovery (a store outage's 30 s
+/// budget), shorter than the run's stop grace.
+pub const TURN_DEADLINE: Duration = Duration::from_secs(45);
+/// Pause before re-sending a turn whose answer was lost (no directive to say how long).
+const RESEND_PAUSE: Duration = Duration::from_millis(200);
 /// How much of an unexpected body a record keeps.
 const BODY_EXCERPT: usize = 200;
 
@@ -105,58 +113,90 @@ impl Driver {
         format!("{node}/v1/sessions/{}/turns", self.key)
     }
 
-    /// One turn to its final outcome, and the directives obeyed on the way.
+    /// One turn to its final outcome, and the directives obeyed (and re-sends made, as
+    /// `resent: <why>`) on the way.
     async fn turn(&mut self, text: &str) -> (Outcome, Vec<String>) {
         let think_ms = self.rng.random_range(0..=self.max_think.as_millis() as u64);
         let body = json!({ "text": text, "think_ms": think_ms, "tokens": 2 }).to_string();
+        let deadline = tokio::time::Instant::now() + TURN_DEADLINE;
         let mut obeying = Obeying::default();
+        let mut resent = Vec::new();
         let mut refused_connections = 0;
+        // Whether any attempt may have reached a node: then nothing is a clean refusal.
+        let mut reached = false;
+        let mut last: Outcome;
         loop {
             let url = self.next_url();
             let sent = self
                 .http
                 .post(url)
                 .header("content-type", "application/json")
+                .header("idempotency-key", text)
                 .body(body.clone())
                 .send()
                 .await;
-            let response = match sent {
-                Ok(response) => response,
+            last = match sent {
+                Ok(response) => {
+                    refused_connections = 0;
+                    reached = true;
+                    let status = response.status().as_u16();
+                    match response.bytes().await {
+                        Err(e) => Outcome::Ambiguous(format!("{status}, then {}", describe(&e))),
+                        Ok(body) => match directive_in(status, &body) {
+                            None => classify(status, &body),
+                            Some(refusal) => {
+                                // The budget is the directive's advice; the key makes a
+                                // re-send past it safe, so only the deadline ends a turn.
+                                let delay = match obeying.obey(refusal) {
+                                    Ok(delay) => delay,
+                                    Err(last) => {
+                                        resent.extend(std::mem::take(&mut obeying).directives);
+                                        resent.push(format!("resent: past the budget of {}", last.error));
+                                        RESEND_PAUSE
+                                    }
+                                };
+                                tokio::time::sleep(delay).await;
+                                continue;
+                            }
+                        },
+                    }
+                }
                 Err(e) if e.is_connect() => {
                     refused_connections += 1;
-                    if refused_connections == self.nodes.len() {
-                        return (
-                            Outcome::Refused("no node accepted a connection".into()),
-                            obeying.directives,
-                        );
+                    if refused_connections < self.nodes.len() {
+                        continue;
                     }
-                    continue;
+                    refused_connections = 0;
+                    match reached {
+                        true => Outcome::Ambiguous(
+                            "no node accepted a connection after an earlier attempt".into(),
+                        ),
+                        false => Outcome::Refused("no node accepted a connection".into()),
+                    }
                 }
-                Err(e) => return (Outcome::Ambiguous(describe(&e)), obeying.directives),
-            };
-            refused_connections = 0;
-            let status = response.status().as_u16();
-            let body = match response.bytes().await {
-                Ok(body) => body,
                 Err(e) => {
-                    return (
-                        Outcome::Ambiguous(format!("{status}, then {}", describe(&e))),
-                        obeying.directives,
-                    )
+                    reached = true;
+                    Outcome::Ambiguous(describe(&e))
                 }
             };
-            let Some(refusal) = directive_in(status, &body) else {
-                return (classify(status, &body), obeying.directives);
-            };
-            match obeying.obey(refusal) {
-                Ok(delay) => tokio::time::sleep(delay).await,
-                Err(last) => {
-                    let reason =
-                        format!("gave up on {}: {} directives obeyed", last.error, obeying.directives.len());
-                    return (Outcome::Refused(reason), obeying.directives);
-                }
+            let settled = matches!(last, Outcome::Acknowledged(_) | Outcome::Unexpected { .. });
+            if settled || tokio::time::Instant::now() >= deadline {
+                break;
             }
+            resent.push(format!("resent: {}", reason(&last)));
+            tokio::time::sleep(RESEND_PAUSE).await;
         }
+        let mut directives = obeying.directives;
+        directives.extend(resent);
+        (last, directives)
+    }
+}
+
+/// Why a turn is sent again, in a few words.
+fn reason(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Ambiguous(why) | Outcome::Refused(why) => why.clone(),
+        other => format!("{other:?}"),
     }
 }
 

@@ -24,10 +24,10 @@ const WARM_UP: Duration = Duration::from_secs(1);
 /// After the last fault, the healed cluster serves this many TTLs before the clients
 /// stop, so every session has turns after the aftermath.
 const QUIET_TTLS: u32 = 2;
-/// The longest a turn can still take once the clients are told to stop: the largest
-/// directive budget (30 s for `store_unavailable`) plus one request timeout (15 s), with
-/// margin. Clients still busy after it are abandoned; their turn counts as pending.
-const STOP_GRACE: Duration = Duration::from_secs(60);
+/// The longest a turn can still take once the clients are told to stop: a client's
+/// deadline for one turn (45 s) plus one request timeout (15 s), with margin. Clients
+/// still busy after it are abandoned; their turn counts as pending.
+const STOP_GRACE: Duration = Duration::from_secs(75);
 /// After the clients stop, a turn one of them gave up waiting for may still be running
 /// or being fenced somewhere; this many TTLs and it has ended either way.
 const SETTLE_TTLS: u32 = 2;

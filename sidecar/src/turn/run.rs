@@ -213,10 +213,7 @@ impl Runner {
                 self.early(Early::KeyReused)
             }
             Ok(Begun::Resumed(_)) => unreachable!("digests compared above"),
-            Ok(Begun::Existing(record)) if record.state != TurnState::Running => self.recorded(&turn, record),
-            // Running at our epoch but not here: an attempt of ours failed without an
-            // answer (the session was handed back meanwhile): it may have run.
-            Ok(Begun::Existing(_)) => Ran::Settled(Outcome::OwnerFailed),
+            Ok(Begun::Existing(record)) => self.recorded(&turn, record),
             Err(e) => Ran::Settled(self.journal_failed(&lease, e)),
         }
     }
