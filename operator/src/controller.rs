@@ -134,7 +134,11 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     let total: i64 = leases.values().sum();
     ctx.metrics.leases(&ns, &ac.name_any(), total);
     if degraded.is_none() {
-        collect_expired(ctx, &ns, ac, timings.session_retention).await;
+        let retentions = crate::retention::Retentions {
+            sessions: timings.session_retention,
+            answers: timings.answer_retention,
+        };
+        collect_expired(ctx, &ns, ac, retentions).await;
     }
     set_deletion_costs(ctx, &ns, &pods, &leases).await?;
     let d = deployment.status.unwrap_or_default();
@@ -256,18 +260,28 @@ async fn ensure_cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Re
 
 /// Retention of the cluster's database, when due: failures are logged and counted, never
 /// a reason to fail the reconcile.
-async fn collect_expired(ctx: &Context, ns: &str, ac: &AgentCluster, retention: Duration) {
+async fn collect_expired(
+    ctx: &Context,
+    ns: &str,
+    ac: &AgentCluster,
+    retentions: crate::retention::Retentions,
+) {
     let collected = async {
         let url = database_url(ctx, ns, ac).await?;
         if !ctx.retention.due(&url, std::time::Instant::now()) {
             return Ok(None);
         }
         let store = ctx.stores.get(&url)?;
-        crate::retention::collect(&store, retention, &ctx.metrics).await.map(Some)
+        crate::retention::collect(&store, retentions, &ctx.metrics).await.map(Some)
     };
     match collected.await {
-        Ok(Some(done)) if done.sessions + done.nodes > 0 => {
-            tracing::info!(sessions = done.sessions, nodes = done.nodes, "retention collected");
+        Ok(Some(done)) if done.sessions + done.nodes + done.turns > 0 => {
+            tracing::info!(
+                sessions = done.sessions,
+                nodes = done.nodes,
+                turns = done.turns,
+                "retention collected"
+            );
         }
         Ok(_) => {}
         Err(e) => {
