@@ -54,6 +54,9 @@ struct FakeApi {
     pods: Vec<Value>,
     /// The generated cluster secret's value, when it exists.
     cluster_secret: Option<String>,
+    /// The value of the cluster secret the operator created here, read back like the
+    /// API server would.
+    created_secret: Arc<Mutex<Option<String>>>,
 }
 
 fn respond(status: u16, body: &Value) -> Response<Body> {
@@ -69,19 +72,25 @@ impl FakeApi {
         let path = call.path.split('?').next().unwrap_or_default();
         let method = call.method.as_str();
         match (method, path) {
-            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => match &self.cluster_secret {
-                Some(secret) => {
-                    use base64::Engine;
-                    let value = base64::engine::general_purpose::STANDARD.encode(secret);
-                    let data = json!({ leasehold_crds::CLUSTER_SECRET_KEY: value });
-                    (
-                        200,
-                        json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"},"data": data}),
-                    )
+            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => {
+                match self.cluster_secret.clone().or_else(|| self.created_secret.lock().unwrap().clone()) {
+                    Some(secret) => {
+                        use base64::Engine;
+                        let value = base64::engine::general_purpose::STANDARD.encode(secret);
+                        let data = json!({ leasehold_crds::CLUSTER_SECRET_KEY: value });
+                        (
+                            200,
+                            json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"},"data": data}),
+                        )
+                    }
+                    None => (404, not_found()),
                 }
-                None => (404, not_found()),
-            },
-            ("POST", p) if p.ends_with("/secrets") => (201, call.body.clone()),
+            }
+            ("POST", p) if p.ends_with("/secrets") => {
+                let value = call.body["stringData"][leasehold_crds::CLUSTER_SECRET_KEY].as_str();
+                *self.created_secret.lock().unwrap() = value.map(str::to_owned);
+                (201, call.body.clone())
+            }
             ("GET", p) if p.ends_with("/secrets/chat-db") => {
                 use base64::Engine;
                 let url = base64::engine::general_purpose::STANDARD.encode(&self.database_url);
@@ -212,6 +221,7 @@ fn fake(database_url: &str, pods: Vec<Value>) -> FakeApi {
         database_url: database_url.to_owned(),
         pods,
         cluster_secret: None,
+        created_secret: Arc::default(),
     }
 }
 
