@@ -351,9 +351,11 @@ pub struct TurnsSpec {
     pub max_answer_bytes: Option<i64>,
 }
 
+/// The sidecar's own `--queue-limit` default: a session rarely has more turns in flight.
 fn default_queue_limit() -> i32 {
     16
 }
+/// CONTRACT §8: a day of answers covers any client that repeats a request.
 fn default_answer_retention() -> String {
     "24h".into()
 }

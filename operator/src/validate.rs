@@ -19,7 +19,7 @@ pub const SIDECAR_CONTAINER: &str = "leasehold-sidecar";
 pub const MIN_SESSION_RETENTION: Duration = Duration::from_secs(3600);
 
 /// The shortest answer retention: a repeat of an Idempotency-Key must find its answer, and
-/// clients re-send a turn for well under a minute (the sidecar's directives allow ~40 s).
+/// clients re-send a turn for under a minute (the sidecar's retry budgets are 30–45 s).
 pub const MIN_ANSWER_RETENTION: Duration = Duration::from_secs(300);
 
 /// The sidecar timings and the retentions, parsed.
