@@ -20,6 +20,10 @@ fn options() -> ClusterOptions {
     ClusterOptions { lease_ttl: TTL, heartbeat: Duration::from_secs(1), ..ClusterOptions::default() }
 }
 
+/// How long the turn that is in flight during a drain thinks: well inside the drain
+/// timeout (5 s), so the drain waits for it rather than standing it down.
+const LONG_THINK: Duration = Duration::from_millis(2000);
+
 /// One session's acknowledged turns: (text, owner, epoch, when acknowledged, when sent).
 type Log = Vec<(String, String, i64, Instant, Instant)>;
 
@@ -65,6 +69,15 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
             .unwrap();
     }
     let owned_by_a: Vec<String> = keys.iter().filter(|k| k.ends_with(['0', '3', '6'])).cloned().collect();
+    // One more session of node-a's, for a turn that is certainly in flight when the drain
+    // runs: it thinks for less than the drain timeout, so the drain waits for it.
+    let long = "drain-long";
+    let body = json!({"text": "start"}).to_string();
+    client.post(&format!("/v1/sessions/{long}/turns"), body.into(), Some(0)).await.unwrap();
+    let mut long_observer =
+        Observer::open(&format!("{}/v1/sessions/{long}/stream", cluster.nodes[0].public_url()), None)
+            .await
+            .unwrap();
     let mut observer = Observer::open(
         &format!("{}/v1/sessions/{}/stream", cluster.nodes[0].public_url(), owned_by_a[0]),
         None,
@@ -75,15 +88,37 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
     let stop = Instant::now() + Duration::from_secs(5);
     let drivers: Vec<_> =
         keys.iter().cloned().map(|key| tokio::spawn(drive(client.clone(), key, stop))).collect();
+    // The load runs a while (the fault itself is the drain in the middle of it).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let in_flight_before = cluster.nodes[0].metric("leasehold_in_flight_turns", "").await;
+    let long_turn = {
+        let client = client.clone();
+        let body = json!({ "text": "long", "think_ms": LONG_THINK.as_millis() as u64, "tokens": 3 });
+        tokio::spawn(async move {
+            client.post(&format!("/v1/sessions/{long}/turns"), body.to_string().into(), Some(0)).await
+        })
+    };
+    long_observer
+        .until(support::CONDITION_WITHIN, |f| {
+            f.event.as_deref() == Some("turn_started") && f.data.contains("\"long\"")
+        })
+        .await
+        .expect("the long turn started on node-a");
     let drained_at = Instant::now();
     let report = cluster.nodes[0].drain().await;
     let drain_took = drained_at.elapsed();
+    eprintln!("drain report {report} in {drain_took:?}");
     assert!(report["handed_back"].as_u64().unwrap() >= 1, "{report}");
+    assert!(report["in_flight_finished"].as_u64().unwrap() >= 1, "the long turn was in flight: {report}");
     assert_eq!(report["in_flight_stood_down"], 0, "every in-flight turn finished: {report}");
     assert!(drain_took < TTL, "the drain itself is quick: {drain_took:?}");
-    eprintln!("drain report {report} in {drain_took:?} (in flight when called: {in_flight_before})");
+    let long_answer = long_turn.await.unwrap().expect("the long turn answered");
+    assert_eq!(
+        (long_answer.status, long_answer.owner.as_deref(), long_answer.epoch),
+        (200, Some("node-a"), Some(1)),
+        "the turn in flight when the drain ran finished on node-a: {:?}",
+        long_answer.json()
+    );
+    assert_eq!(support::history(&db, long).await, ["start", "long"]);
 
     // The drained node streams `reconnect` and refuses new work with a directive.
     observer.until(Duration::from_secs(5), |f| f.event.as_deref() == Some("reconnect")).await.unwrap();
@@ -231,6 +266,18 @@ async fn sigterm_under_forwarded_load_fails_no_turn() {
             .unwrap();
         assert_eq!(answer.owner.as_deref(), Some("node-a"));
     }
+    // One more of node-a's sessions gets a long turn forwarded through node-b that is
+    // running on node-a's agent when the SIGTERM comes: a turn certainly hits node-a while
+    // it shuts down, and the drain waits for it.
+    let long = "fwd-long";
+    client
+        .post(&format!("/v1/sessions/{long}/turns"), json!({"text": "start"}).to_string().into(), Some(0))
+        .await
+        .unwrap();
+    let mut long_observer =
+        Observer::open(&format!("{}/v1/sessions/{long}/stream", cluster.nodes[0].public_url()), None)
+            .await
+            .unwrap();
     // Each session sends back to back through node-b and node-c, which forward to node-a
     // until it hands back: many pooled connections are busy as node-a shuts down. They
     // go on until a second after node-a has exited.
@@ -260,11 +307,39 @@ async fn sigterm_under_forwarded_load_fails_no_turn() {
             })
         })
         .collect();
+    // The load runs a while (the fault itself is the SIGTERM in the middle of it).
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    let long_turn = {
+        let client = client.clone();
+        let body = json!({ "text": "long", "think_ms": LONG_THINK.as_millis() as u64, "tokens": 3 });
+        tokio::spawn(async move {
+            let path = format!("/v1/sessions/{long}/turns");
+            let answer = client.post(&path, body.to_string().into(), Some(1)).await;
+            (answer, Instant::now())
+        })
+    };
+    long_observer
+        .until(support::CONDITION_WITHIN, |f| {
+            f.event.as_deref() == Some("turn_started") && f.data.contains("\"long\"")
+        })
+        .await
+        .expect("the long turn started on node-a");
+    let signalled = Instant::now();
     let status = tokio::task::block_in_place(|| cluster.nodes[0].sidecar.terminate(Duration::from_secs(15)));
     assert!(status.expect("node-a exited").success());
+    // The load goes on a second after node-a exited (a duration of the scenario).
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (long_answer, answered) = long_turn.await.unwrap();
+    let long_answer = long_answer.expect("the long turn answered");
+    assert_eq!(
+        (long_answer.status, long_answer.owner.as_deref(), long_answer.epoch),
+        (200, Some("node-a"), Some(1)),
+        "the forwarded turn running on node-a when it got SIGTERM finished there: {:?}",
+        long_answer.json()
+    );
+    assert!(answered > signalled, "it was answered while node-a shut down");
+    assert_eq!(support::history(&db, long).await, ["start", "long"]);
     let mut total = 0;
     for driver in drivers {
         let (key, acked, failed) = driver.await.unwrap();

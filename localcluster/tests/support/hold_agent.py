@@ -4,10 +4,17 @@ turn's text, checkpoints through the sidecar, then holds the answer for the turn
 `hold_ms` (a turn whose write landed before its pod froze). No events, so the only
 database write of a turn is its checkpoint. A turn with `status` is answered that status
 at once (an agent's own 401 or 503), with nothing written. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
-on the same IP, port 18082)."""
+on the same IP, port 18082).
+
+With HOLD_AGENT_RECORD_DIR set, it keeps a record of what it was sent, one JSON line per
+happening in <dir>/<ip>.jsonl, so a test can see what reached this pod's agent:
+  {"got": "<path>", "content_type", "epoch", "turn_id", "body"}   on receipt of any POST;
+  {"thawed": "<key>", "checkpoint_epoch"}                         after a thaw (null: 404)."""
 import http.server
 import json
+import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +22,15 @@ import urllib.request
 listen = sys.argv[sys.argv.index("--listen") + 1]
 host, port = listen.rsplit(":", 1)
 sidecar = f"http://{host}:18082"
+record_dir = os.environ.get("HOLD_AGENT_RECORD_DIR")
+record_lock = threading.Lock()
+
+
+def record(entry):
+    if not record_dir:
+        return
+    with record_lock, open(os.path.join(record_dir, f"{host}.jsonl"), "a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 class Agent(http.server.BaseHTTPRequestHandler):
@@ -31,6 +47,15 @@ class Agent(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        record(
+            {
+                "got": self.path,
+                "content_type": self.headers.get("content-type"),
+                "epoch": self.headers.get("leasehold-epoch"),
+                "turn_id": self.headers.get("leasehold-turn-id"),
+                "body": raw.decode("utf-8", "replace"),
+            }
+        )
         parts = self.path.strip("/").split("/")  # sessions/{key}/turns
         if len(parts) != 3 or parts[2] != "turns":
             return self.answer(200, {})  # stand-down and the rest: nothing to hold
@@ -41,11 +66,13 @@ class Agent(http.server.BaseHTTPRequestHandler):
         url = f"{sidecar}/v1/sessions/{key}/checkpoint"
         try:
             with urllib.request.urlopen(url) as r:
+                checkpoint_epoch = r.headers.get("leasehold-checkpoint-epoch")
                 history = json.load(r)["history"]
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 return self.answer(502, {"error": "thaw_failed"})
-            history = []
+            checkpoint_epoch, history = None, []
+        record({"thawed": key, "checkpoint_epoch": checkpoint_epoch})
         time.sleep(turn.get("think_ms", 0) / 1000)
         history.append(turn.get("text", ""))
         put = urllib.request.Request(
