@@ -402,3 +402,92 @@ async fn a_drained_pod_closes_each_keep_alive_connection_after_its_answer() {
         assert!(closed, "port {port}: the server closed the connection after the answer");
     }
 }
+
+/// CONTRACT §6 drain order: a turn still running at the drain timeout is stood down — the
+/// agent gets `POST /sessions/{key}/stand-down` — and counted in `in_flight_stood_down`;
+/// the lease is handed back all the same, and nothing of the turn lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_outlasting_the_drain_timeout_is_stood_down_and_its_agent_told() {
+    /// Short, so the held turn outlasts it by far.
+    const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let record = tempfile::tempdir().unwrap();
+    let options = ClusterOptions {
+        nodes: 1,
+        drain_timeout: DRAIN_TIMEOUT,
+        agent_command: support::recording_hold_agent(record.path()),
+        ..options()
+    };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let node = &cluster.nodes[0];
+    let key = "outlasting";
+    let turns = format!("{}/v1/sessions/{key}/turns", node.public_url());
+    let http = reqwest::Client::new();
+    let first = http.post(&turns).body(json!({"text": "first"}).to_string()).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    // The agent thinks four drain timeouts before it would checkpoint.
+    let think_ms = (DRAIN_TIMEOUT * 4).as_millis() as u64;
+    let held = tokio::spawn({
+        let request = http.post(&turns).body(json!({ "text": "held", "think_ms": think_ms }).to_string());
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap_or_default())
+        }
+    });
+    support::eventually("the held turn runs on the agent", || async {
+        node.metric("leasehold_in_flight_turns", "").await >= 1.0
+    })
+    .await;
+
+    let report = node.drain().await;
+    assert_eq!(report["in_flight_stood_down"], 1, "{report}");
+    assert_eq!(report["in_flight_finished"], 0, "{report}");
+    assert_eq!(report["handed_back"], 1, "{report}");
+    let stand_down = format!("/sessions/{key}/stand-down");
+    support::eventually("the agent was told to stand the session down", || {
+        let told = !support::received(record.path(), node, &stand_down).is_empty();
+        async move { told }
+    })
+    .await;
+    let (status, body) = held.await.unwrap();
+    assert_ne!(status, 200, "a stood-down turn is not acknowledged: {body}");
+    assert_eq!(support::history(&db, key).await, ["first"], "nothing of the held turn landed");
+    let view = cluster.client().session(key, 0).await.unwrap();
+    assert_eq!(view["claimable"], true, "handed back: {view}");
+}
+
+/// CONTRACT §3: the client library re-sends after each directive's delay and gives up
+/// once the budget would be overrun, with the last refusal: here a drained node's
+/// `draining` (budget: the drain timeout), asked again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_gives_up_at_the_retry_budget_of_a_draining_node() {
+    use leasehold_sidecar::client::ClientError;
+    const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+    /// A deadline, not a speed claim: a client that never gave up would hang here.
+    const GIVE_UP_WITHIN: Duration = Duration::from_secs(30);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 1, drain_timeout: DRAIN_TIMEOUT, ..options() };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    cluster.nodes[0].drain().await;
+
+    let (client, body) = (cluster.client(), json!({"text": "x"}));
+    let asked = tokio::time::timeout(GIVE_UP_WITHIN, client.turn("refused", &body));
+    let outcome = asked.await.expect("the client never gave up: it retried past its budget");
+    let Err(ClientError::GaveUp(last, directives)) = outcome else {
+        panic!("expected the client to give up: {outcome:?}")
+    };
+    assert_eq!(last.error, "draining");
+    let retry = last.retry.expect("the last refusal's directive");
+    assert_eq!(retry.budget_ms, DRAIN_TIMEOUT.as_millis() as u64);
+    // Every attempt but the first waited one delay, all within the budget.
+    let most = (retry.budget_ms / retry.delay_ms + 1) as usize;
+    assert!(
+        directives.len() >= 2 && directives.len() <= most,
+        "re-sent after each delay until the budget ran out: {} attempts (at most {most})",
+        directives.len()
+    );
+    assert!(directives.iter().all(|d| d == "draining"), "{directives:?}");
+    assert!(support::history(&db, "refused").await.is_empty(), "nothing ran");
+}

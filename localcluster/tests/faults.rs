@@ -749,3 +749,87 @@ async fn an_agents_own_401_and_503_pass_through_a_forwarding_pod_unchanged() {
     }
     assert_eq!(cluster.nodes[1].metric("leasehold_peer_rejections_total", "").await, 0.0);
 }
+
+/// A loopback port that accepts no connection: a listener whose accept queue is full and
+/// never drained, so the kernel drops further SYNs and a connect hangs until its timeout
+/// (a pod whose peer port does not answer, without a firewall). Keep both values alive.
+async fn unanswering_port() -> (std::net::SocketAddr, tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    // Fill the accept queue; the connects that would not fit time out here.
+    for _ in 0..4 {
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await
+        {
+            queued.push(stream);
+        }
+    }
+    (addr, listener, queued)
+}
+
+/// A loopback port nothing listens on: connections are refused.
+fn refusing_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// CONTRACT §7 forward outcomes: the owner is unreachable before the request is sent, the
+/// re-claim names another live owner, and that one is unreachable too: `503
+/// owner_unreachable` with its directive, nothing run. Forced: node-a advertises a peer
+/// address that never answers a connect (so node-b's first hop waits out its connect
+/// timeout), node-c one that refuses; while node-b's first hop waits, node-a is revoked
+/// (as the operator does) and node-c takes the session over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_unreachable_hop_is_refused_owner_unreachable_with_a_directive() {
+    use sqlx::Connection;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let (silent, _listener, _queued) = unanswering_port().await;
+    let advertise =
+        |addr: std::net::SocketAddr| vec![("LEASEHOLD_ADVERTISE_PEER_ADDR".to_owned(), addr.to_string())];
+    let options = ClusterOptions {
+        sidecar_env: vec![advertise(silent), Vec::new(), advertise(refusing_port())],
+        ..long_lease_options()
+    };
+    let ttl = options.lease_ttl;
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "twice-unreachable";
+    turn_on_node_a(&cluster, key, "first").await;
+    let (b, c) = (&cluster.nodes[1], &cluster.nodes[2]);
+
+    let held_before = b.metric("leasehold_resolutions_total", "outcome=\"held\"").await;
+    let via_b = tokio::spawn({
+        let url = format!("{}/v1/sessions/{key}/turns", b.public_url());
+        async move {
+            let response =
+                reqwest::Client::new().post(url).body(turn("lost").to_string()).send().await.unwrap();
+            let retry_after = response.headers().get("retry-after").cloned();
+            (response.status().as_u16(), retry_after, response.json::<serde_json::Value>().await.unwrap())
+        }
+    });
+    // node-b has resolved node-a as the holder: its hop is now waiting to connect.
+    support::eventually("node-b resolved node-a as the holder", || async {
+        b.metric("leasehold_resolutions_total", "outcome=\"held\"").await > held_before
+    })
+    .await;
+    let mut conn = sqlx::PgConnection::connect(&db).await.unwrap();
+    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = 'node-a' AND expires_at > now()")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let taken = Client::new(vec![c.public_url()]).turn(key, &turn("taken")).await.unwrap();
+    assert_eq!((taken.status, taken.owner.as_deref(), taken.epoch), (200, Some("node-c"), Some(2)));
+
+    let (status, retry_after, body) = via_b.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "owner_unreachable", "{body}");
+    let expected = Refusal::OwnerUnreachable { ttl }.retry();
+    assert_eq!(body["retry"]["delay_ms"], expected.delay_ms, "{body}");
+    assert_eq!(body["retry"]["budget_ms"], expected.budget_ms, "{body}");
+    assert!(retry_after.is_some(), "a Retry-After header");
+    let counted = b.metric("leasehold_turns_total", "outcome=\"owner_unreachable\"").await;
+    assert_eq!(counted, 1.0, "node-b counted the refusal");
+    assert_eq!(support::history(&db, key).await, ["first", "taken"], "the refused turn ran nowhere");
+}
