@@ -62,7 +62,10 @@ async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_l
             client.post(&format!("/v1/sessions/{key}/turns"), body.into(), Some(0)).await.unwrap()
         }
     });
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    // The late observer joins once turn two has begun (C has seen its `turn_started`).
+    on_c.until(WAIT, |f| f.event.as_deref() == Some("turn_started") && f.id.as_deref() == Some("1-3"))
+        .await
+        .unwrap();
     let mut late_on_c = Observer::open(&stream_url(&cluster, 2, key), None).await.unwrap();
     assert_eq!(turn.await.unwrap().status, 200);
 
@@ -223,7 +226,11 @@ async fn a_slow_observer_is_cut_with_a_clear_event_and_slows_nobody() {
         .await
         .unwrap();
     let mut fast = Observer::open(&stream_url(&cluster, 0, key), None).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both observers are subscribed before anything is published.
+    support::eventually("both observers open on the node", || async {
+        node.metric("leasehold_observers", "").await == 2.0
+    })
+    .await;
     // Publish far more than socket buffers and the observer queue hold.
     let http = reqwest::Client::new();
     let payload = json!({ "type": "token", "data": { "pad": "x".repeat(16 * 1024) } }).to_string();
