@@ -66,17 +66,6 @@ fn tokens(frames: &[Frame]) -> Vec<(String, u64)> {
         .collect()
 }
 
-fn strictly_increasing(ids: &[String]) -> bool {
-    let parsed: Vec<(i64, u64)> = ids
-        .iter()
-        .map(|id| {
-            let (e, s) = id.split_once('-').unwrap();
-            (e.parse().unwrap(), s.parse().unwrap())
-        })
-        .collect();
-    parsed.windows(2).all(|w| w[0] < w[1])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_repeated_key_gets_the_one_answer_on_any_pod_and_another_body_is_refused() {
     let _serial = support::serial().await;
@@ -201,7 +190,7 @@ async fn kill9_mid_turn_the_next_owner_resumes_it_once_and_observers_see_each_to
         1,
         "no second turn_started: {events:?}"
     );
-    assert!(strictly_increasing(&observer.ids()), "{:?}", observer.ids());
+    support::strictly_increasing(&observer.ids());
     let resumes = stats(&cluster.nodes[1]).await["resumes"].as_u64().unwrap()
         + stats(&cluster.nodes[2]).await["resumes"].as_u64().unwrap();
     assert_eq!(resumes, 1, "the new owner's agent was told it resumes");

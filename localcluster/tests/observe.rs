@@ -26,19 +26,6 @@ async fn turn_at(
         .unwrap()
 }
 
-/// Ids as (epoch, seq), asserting they strictly increase.
-fn strictly_increasing(ids: &[String]) -> Vec<(i64, u64)> {
-    let parsed: Vec<(i64, u64)> = ids
-        .iter()
-        .map(|id| {
-            let (e, s) = id.split_once('-').unwrap();
-            (e.parse().unwrap(), s.parse().unwrap())
-        })
-        .collect();
-    assert!(parsed.windows(2).all(|w| w[0] < w[1]), "ids must strictly increase: {ids:?}");
-    parsed
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_late_joiners() {
     let _serial = support::serial().await;
@@ -74,11 +61,15 @@ async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_l
     }
     // Turn one: 1-1 started, 1-2 finished. Turn two: 1-3 started, 1-4..1-13 tokens, 1-14 finished.
     let all: Vec<(i64, u64)> = (1..=14).map(|s| (1, s)).collect();
-    assert_eq!(strictly_increasing(&on_b.ids()), all, "B: from the first event, no gap, no duplicate");
-    assert_eq!(strictly_increasing(&on_c.ids()), all, "C: the same");
+    assert_eq!(
+        support::strictly_increasing(&on_b.ids()),
+        all,
+        "B: from the first event, no gap, no duplicate"
+    );
+    assert_eq!(support::strictly_increasing(&on_c.ids()), all, "C: the same");
     let late: Vec<(i64, u64)> = (3..=14).map(|s| (1, s)).collect();
     assert_eq!(
-        strictly_increasing(&late_on_c.ids()),
+        support::strictly_increasing(&late_on_c.ids()),
         late,
         "late joiner: the current turn by replay, then live"
     );
@@ -113,7 +104,7 @@ async fn observers_follow_the_session_when_its_owner_dies() {
             !observer.seen.iter().any(|f| f.event.as_deref() == Some("reconnect")),
             "{name} kept its connection"
         );
-        let ids = strictly_increasing(&observer.ids());
+        let ids = support::strictly_increasing(&observer.ids());
         let first_new = ids.iter().position(|(e, _)| *e == 2).expect("saw epoch 2");
         assert!(
             ids[first_new..].iter().all(|(e, _)| *e == 2),
@@ -168,7 +159,7 @@ async fn a_stream_with_no_owner_stays_open_and_says_idle() {
     // The first turn gives it an owner; the observer sees it without reconnecting.
     turn_at(&cluster, 0, "nobody-yet", json!({ "text": "hi", "tokens": 1 })).await;
     observer.until(WAIT, turn_finished(1)).await.unwrap();
-    assert_eq!(strictly_increasing(&observer.ids()), [(1, 1), (1, 2), (1, 3)]);
+    assert_eq!(support::strictly_increasing(&observer.ids()), [(1, 1), (1, 2), (1, 3)]);
 }
 
 /// An observer that joins while the session is idle (released) sees the next owner's
@@ -193,7 +184,12 @@ async fn an_observer_joining_an_idle_session_gets_only_what_comes_after() {
     observer.until(WAIT, |f| f.event.as_deref() == Some("idle")).await.unwrap();
     turn_at(&cluster, 0, key, json!({ "text": "new", "tokens": 1 })).await;
     observer.until(WAIT, turn_finished(3)).await.unwrap();
-    assert_eq!(strictly_increasing(&observer.ids()), [(2, 1), (2, 2), (2, 3)], "{:?}", observer.seen);
+    assert_eq!(
+        support::strictly_increasing(&observer.ids()),
+        [(2, 1), (2, 2), (2, 3)],
+        "{:?}",
+        observer.seen
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -206,7 +202,11 @@ async fn resuming_with_last_event_id_and_bad_ids() {
     let mut observer = Observer::open(&stream_url(&cluster, 1, key), Some("1-2")).await.unwrap();
     observer.until(WAIT, turn_finished(2)).await.unwrap();
     let expected: Vec<(i64, u64)> = (3..=8).map(|s| (1, s)).collect();
-    assert_eq!(strictly_increasing(&observer.ids()), expected, "everything after 1-2, across both turns");
+    assert_eq!(
+        support::strictly_increasing(&observer.ids()),
+        expected,
+        "everything after 1-2, across both turns"
+    );
     let bad = reqwest::get(format!("{}?after=banana", stream_url(&cluster, 0, key))).await.unwrap();
     assert_eq!(bad.status(), 400);
 }
