@@ -96,13 +96,17 @@ def test_session_writes_with_a_stale_epoch_are_fenced_and_release_frees_the_leas
     node = cluster.nodes[0]
     key = "direct"
     with cluster.client() as client:
-        assert client.send_turn(key, {"text": "a", "tokens": 0}).epoch == 1
+        first = client.send_turn(key, {"text": "a", "tokens": 0})
+        assert first.epoch == 1
 
     async def run() -> None:
         held = Session(key, 1, sidecar=node.agent_api_url)
         stale = Session(key, 2, sidecar=node.agent_api_url)  # an epoch this node never held
         try:
-            assert await held.thaw_json() == {"history": ["a"]}
+            # The demo agent's checkpoint names the turn that wrote it (for a resume): the
+            # client's key, a uuid4, is the turn id.
+            last_turn = first.idempotency_key
+            assert await held.thaw_json() == {"history": ["a"], "last_turn": last_turn}
             assert held.checkpoint_epoch == 1
             event_id = await held.publish("note", {"x": 1})
             assert event_id.startswith("1-")
