@@ -47,3 +47,7 @@ CREATE TABLE agent_turn_events (
 CREATE INDEX agent_turn_events_turn ON agent_turn_events (agent_key, turn_id);
 -- Events published between turns are collected by age.
 CREATE INDEX agent_turn_events_created_at ON agent_turn_events (created_at) WHERE turn_id IS NULL;
+
+-- The turn that wrote a session's checkpoint: an agent resuming a turn learns whether
+-- the interrupted attempt's checkpoint already landed (its effects are in the state).
+ALTER TABLE agent_checkpoints ADD COLUMN turn_id text;

@@ -4,6 +4,8 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::turn::queue::Multitask;
+
 /// Parse `15s`, `500ms`, `2m`.
 fn duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 15s, 500ms, 2m)"))?;
@@ -142,9 +144,28 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_WORKER_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
     pub worker_threads: u16,
 
+    /// What a turn that arrives while another of its session runs does: enqueue (wait
+    /// in arrival order), reject (409 busy) or interrupt (cancel the running one). A
+    /// client's Leasehold-Multitask header overrides it per turn.
+    #[arg(long, env = "LEASEHOLD_MULTITASK", default_value = "enqueue", value_parser = multitask)]
+    pub multitask: Multitask,
+
+    /// Turns that may wait per session at its owner; above it, 503 queue_full.
+    #[arg(long, env = "LEASEHOLD_QUEUE_LIMIT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub queue_limit: u32,
+
+    /// Largest agent answer recorded in the journal; a larger one fails its turn with
+    /// 502 answer_too_large (recorded, so a repeat of its key gets the same).
+    #[arg(long, env = "LEASEHOLD_MAX_ANSWER_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_answer_bytes: usize,
+
     /// Apply migrations at start.
     #[arg(long, env = "LEASEHOLD_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,
+}
+
+fn multitask(s: &str) -> Result<Multitask, String> {
+    s.parse()
 }
 
 /// A configuration error: one line naming the flag.

@@ -9,17 +9,18 @@ use std::sync::{
 
 use leasehold_core::SessionKey;
 
-/// `LEASEHOLD_FAILPOINT_STOP_AFTER_FENCE=<key>`: the process sends itself SIGSTOP the first
-/// time it holds the fence for a publish of that session, before it publishes.
-const STOP_AFTER_FENCE: &str = "LEASEHOLD_FAILPOINT_STOP_AFTER_FENCE";
+/// `LEASEHOLD_FAILPOINT_STOP_BEFORE_JOURNAL=<key>`: the process sends itself SIGSTOP the
+/// first time a batch of published events holding one of that session's is about to be
+/// journaled (the events are numbered and accepted, not yet fenced or fanned out).
+const STOP_BEFORE_JOURNAL: &str = "LEASEHOLD_FAILPOINT_STOP_BEFORE_JOURNAL";
 
-/// Stop this process (SIGSTOP) if the failpoint names `key` and has not fired yet.
-pub fn stop_after_fence(key: &SessionKey) {
+/// Stop this process (SIGSTOP) if the failpoint names one of `keys` and has not fired yet.
+pub fn stop_before_journal<'k>(mut keys: impl Iterator<Item = &'k SessionKey>) {
     static TARGET: OnceLock<Option<String>> = OnceLock::new();
     static FIRED: AtomicBool = AtomicBool::new(false);
-    let target = TARGET.get_or_init(|| std::env::var(STOP_AFTER_FENCE).ok());
-    if target.as_deref() == Some(key.as_str()) && !FIRED.swap(true, Ordering::SeqCst) {
-        tracing::warn!(%key, "failpoint: stopping after the fence check");
+    let Some(target) = TARGET.get_or_init(|| std::env::var(STOP_BEFORE_JOURNAL).ok()) else { return };
+    if keys.any(|key| key.as_str() == target) && !FIRED.swap(true, Ordering::SeqCst) {
+        tracing::warn!(key = %target, "failpoint: stopping before the journal write");
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
     }
 }

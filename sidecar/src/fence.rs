@@ -11,10 +11,11 @@ use leasehold_core::{
 use serde_json::value::RawValue;
 
 use crate::{
-    failpoint,
     metrics::Metrics,
     observe::Hubs,
     ownership::{Ownership, StandDownReason},
+    publish::Publisher,
+    turn::queue::TurnQueue,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,9 @@ pub enum WriteError {
 pub struct Fence {
     pub ownership: Arc<Ownership>,
     pub hubs: Arc<Hubs>,
+    pub publisher: Arc<Publisher>,
+    /// The sessions' turn queues: an event belongs to the turn running when it is published.
+    pub queue: Arc<TurnQueue>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -73,22 +77,27 @@ impl Fence {
         let Some(lease) = self.ownership.local(key, epoch) else {
             return Err(self.fenced(key, epoch));
         };
+        // The events published before it are journaled first: a checkpoint that landed
+        // implies they did (a resuming agent relies on it).
+        if !self.publisher.flush(key, epoch).await {
+            return Err(self.fenced(key, epoch));
+        }
         // Counted before it is sent: once on the wire it may land even if we never hear
         // back (a timeout in a partition); only the fence's refusal says it did not.
         lease.landed.fetch_add(1, Ordering::SeqCst);
-        let written = self.ownership.put_checkpoint(&lease, data).await;
+        let turn_id = self.queue.running_turn_id(key);
+        let written = self.ownership.put_checkpoint(&lease, turn_id.as_deref(), data).await;
         if let Err(store::Error::Fenced { .. }) = written {
             lease.landed.fetch_sub(1, Ordering::SeqCst);
         }
         written.map_err(|e| self.store_error(key, epoch, e))
     }
 
-    /// Publish an event to every observer, under the fence: the lease row is held against
-    /// a takeover from the check until after the event is in the hub, and the event goes
-    /// out only if, at that instant, the session was not stood down and this node's
-    /// lease is certainly live. Either the hold stood (no one took over) or the process
-    /// was frozen past its idle-transaction bound, that is past its TTL, and is no longer
-    /// certainly live: a zombie's event never reaches an observer.
+    /// Publish an event of the running turn: numbered at once, journaled under the fence
+    /// in the next group commit, and fanned out to every observer only once journaled
+    /// (see [`crate::publish`]). Refused at once when this node no longer holds the
+    /// session at `epoch`; an event the journal's fence refuses reaches nobody and stands
+    /// the session down, so the turn halts and is not acknowledged.
     pub async fn publish(
         &self,
         key: &SessionKey,
@@ -99,18 +108,11 @@ impl Fence {
         let Some(lease) = self.ownership.local(key, epoch) else {
             return Err(self.fenced(key, epoch));
         };
-        let hold = self.ownership.hold_fence(&lease).await.map_err(|e| self.store_error(key, epoch, e))?;
-        failpoint::stop_after_fence(key);
-        if lease.halt.is_cancelled() || !self.ownership.certainly_live() {
-            drop(hold); // rolled back
+        if lease.halt.is_cancelled() {
             return Err(self.fenced(key, epoch));
         }
-        let id = self.hubs.publish(key, epoch, &kind, data.get());
-        if let Err(e) = hold.release().await {
-            // The event was published while the hold stood; only its release failed.
-            tracing::debug!(%key, error = %e, "releasing the fence hold failed");
-        }
-        Ok(id)
+        let turn_id = self.queue.running_turn_id(key);
+        Ok(self.publisher.publish(&lease, turn_id, kind, data.get().to_owned()))
     }
 
     /// The session idled out: release it (claimable at once), stop holding it, and let

@@ -16,5 +16,6 @@ pub mod http;
 pub mod metrics;
 pub mod observe;
 pub mod ownership;
+pub mod publish;
 pub mod turn;
 pub mod upstream;

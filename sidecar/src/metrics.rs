@@ -62,6 +62,9 @@ pub struct Metrics {
     observers_cut: Counter,
     hubs: Gauge,
     streams_refused: Counter,
+    journal_batches: Counter,
+    journal_events: Counter,
+    turn_journal: Family<Outcome, Counter>,
 }
 
 impl Default for Metrics {
@@ -90,6 +93,9 @@ impl Metrics {
             observers_cut: Counter::default(),
             hubs: Gauge::default(),
             streams_refused: Counter::default(),
+            journal_batches: Counter::default(),
+            journal_events: Counter::default(),
+            turn_journal: Family::default(),
         };
         registry.register(
             "resolutions",
@@ -142,6 +148,19 @@ impl Metrics {
             "streams_refused",
             "Streams refused 503 overloaded: a node or per-session stream limit was reached",
             m.streams_refused.clone(),
+        );
+        registry.register(
+            "journal_batches",
+            "Statements that journaled published events (one group commit each)",
+            m.journal_batches.clone(),
+        );
+        registry.register("journal_events", "Published events journaled", m.journal_events.clone());
+        registry.register(
+            "turn_journal",
+            "Turns by what the journal made of them: started, resumed, replayed (a repeated \
+             idempotency key answered from the journal), attached (to the running attempt), \
+             reused (422), interrupted, cancelled",
+            m.turn_journal.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -201,6 +220,17 @@ impl Metrics {
 
     pub fn stream_refused(&self) {
         self.streams_refused.inc();
+    }
+
+    /// One group commit of `events` published events.
+    pub fn journal_batch(&self, events: usize) {
+        self.journal_batches.inc();
+        self.journal_events.inc_by(u64::try_from(events).unwrap_or(u64::MAX));
+    }
+
+    /// A turn's fate in the journal (`started`, `resumed`, `replayed`, ...).
+    pub fn turn_journal(&self, outcome: &'static str) {
+        self.turn_journal.get_or_create(&Outcome { outcome: outcome.into() }).inc();
     }
 
     /// The gauge the hubs keep at their number.

@@ -27,7 +27,8 @@ use leasehold_sidecar::{
     metrics::Metrics,
     observe::{Follow, Hubs, Observe, StreamLimits},
     ownership::Ownership,
-    turn::{agent::AgentClient, inflight::InFlight, router::TurnRouter},
+    publish::Publisher,
+    turn::{agent::AgentClient, inflight::InFlight, queue::TurnQueue, router::TurnRouter, run::Runner},
 };
 
 pub fn init_tracing() {
@@ -240,9 +241,23 @@ fn assemble(
             per_session: args.max_streams_per_session as usize,
         },
     });
+    let agent = AgentClient::new(&args.agent_url);
+    let publisher = Publisher::start(ownership.clone(), hubs.clone(), metrics.clone(), args.lease_ttl);
+    let queue = TurnQueue::new(args.queue_limit as usize);
+    let runner = Arc::new(Runner {
+        ownership: ownership.clone(),
+        agent: agent.clone(),
+        publisher: publisher.clone(),
+        queue: queue.clone(),
+        metrics: metrics.clone(),
+        multitask: args.multitask,
+        max_answer: args.max_answer_bytes,
+        ttl: args.lease_ttl,
+    });
     let router = Arc::new(TurnRouter {
         ownership: ownership.clone(),
-        agent: AgentClient::new(&args.agent_url),
+        agent,
+        runner,
         forwarder,
         inflight,
         metrics: metrics.clone(),
@@ -250,8 +265,13 @@ fn assemble(
         draining: drain.subscribe(),
         drain_timeout: args.drain_timeout,
     });
-    let fence =
-        Arc::new(Fence { ownership: ownership.clone(), hubs: hubs.clone(), metrics: metrics.clone() });
+    let fence = Arc::new(Fence {
+        ownership: ownership.clone(),
+        hubs: hubs.clone(),
+        publisher,
+        queue,
+        metrics: metrics.clone(),
+    });
     let node_id = config.node_id.clone();
     let parts = Parts { ownership, hubs, metrics, drain, router, observe, fence, auth, node_id };
     (parts, stood_down)
@@ -372,6 +392,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::spawn(notify_stand_downs(agent, parts.hubs.clone(), stood_down));
     tokio::spawn(watch_ownership(parts.ownership.clone(), parts.hubs.clone(), parts.drain.clone()));
     tokio::spawn(parts.ownership.clone().watch_lapse());
+    tokio::spawn(parts.router.clone().resume_orphans());
     let shutdown = CancellationToken::new();
     let server = tokio::spawn({
         let (parts, shutdown) = (parts.clone(), shutdown.clone());

@@ -19,10 +19,10 @@ WITH lease AS (
     WHERE agent_key = $1 AND owner = $2 AND epoch = $3 AND NOT released
     FOR SHARE
 )
-INSERT INTO agent_checkpoints AS c (agent_key, epoch, data, updated_at)
-SELECT agent_key, $3, $4, now() FROM lease
+INSERT INTO agent_checkpoints AS c (agent_key, epoch, data, updated_at, turn_id)
+SELECT agent_key, $3, $4, now(), $5 FROM lease
 ON CONFLICT (agent_key) DO UPDATE
-SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, updated_at = now()
+SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, updated_at = now(), turn_id = EXCLUDED.turn_id
 WHERE c.epoch <= EXCLUDED.epoch
 "#;
 
@@ -58,7 +58,7 @@ impl FenceHold {
 }
 
 const GET_CHECKPOINT_SQL: &str = r#"
-SELECT epoch, data FROM agent_checkpoints WHERE agent_key = $1
+SELECT epoch, data, turn_id FROM agent_checkpoints WHERE agent_key = $1
 "#;
 
 /// A session's latest checkpoint.
@@ -67,6 +67,8 @@ pub struct Checkpoint {
     /// The epoch of the owner that wrote it.
     pub epoch: Epoch,
     pub data: Vec<u8>,
+    /// The turn that was running when it was written (`None` between turns).
+    pub turn_id: Option<String>,
 }
 
 /// Run the fenced checkpoint write on any executor (a pool, or a test's transaction).
@@ -77,11 +79,24 @@ pub async fn put_checkpoint<'e>(
     epoch: Epoch,
     data: &[u8],
 ) -> Result<()> {
+    put_turn_checkpoint(exec, key, owner, epoch, None, data).await
+}
+
+/// [`put_checkpoint`], recording the turn that was running (`turn_id`).
+pub async fn put_turn_checkpoint<'e>(
+    exec: impl PgExecutor<'e>,
+    key: &SessionKey,
+    owner: &Owner,
+    epoch: Epoch,
+    turn_id: Option<&str>,
+    data: &[u8],
+) -> Result<()> {
     let done = sqlx::query(PUT_CHECKPOINT_SQL)
         .bind(key.as_str())
         .bind(owner.as_str())
         .bind(epoch.0)
         .bind(data)
+        .bind(turn_id)
         .execute(exec)
         .await
         .map_err(db("put checkpoint"))?;
@@ -102,6 +117,18 @@ impl LeaseStore {
         data: &[u8],
     ) -> Result<()> {
         bounded("put checkpoint", put_checkpoint(&self.pool, key, owner, epoch, data)).await
+    }
+
+    /// [`LeaseStore::put_checkpoint`], recording the turn that was running.
+    pub async fn put_turn_checkpoint(
+        &self,
+        key: &SessionKey,
+        owner: &Owner,
+        epoch: Epoch,
+        turn_id: Option<&str>,
+        data: &[u8],
+    ) -> Result<()> {
+        bounded("put checkpoint", put_turn_checkpoint(&self.pool, key, owner, epoch, turn_id, data)).await
     }
 
     /// Check the fence without writing (event publishes); `Err(Fenced)` when stale.
@@ -134,6 +161,10 @@ impl LeaseStore {
             query.fetch_optional(&self.pool).await.map_err(db("get checkpoint"))
         })
         .await?;
-        Ok(row.map(|row| Checkpoint { epoch: Epoch(row.get("epoch")), data: row.get("data") }))
+        Ok(row.map(|row| Checkpoint {
+            epoch: Epoch(row.get("epoch")),
+            data: row.get("data"),
+            turn_id: row.get("turn_id"),
+        }))
     }
 }

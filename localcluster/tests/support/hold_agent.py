@@ -2,7 +2,9 @@
 """A minimal agent for fault tests: thaws, thinks for the turn's `think_ms`, appends the
 turn's text, checkpoints through the sidecar, then holds the answer for the turn's
 `hold_ms` (a turn whose write landed before its pod froze). No events, so the only
-database write of a turn is its checkpoint. A turn with `status` is answered that status
+database write of a turn is its checkpoint. A resumed turn (`Leasehold-Resume`) whose
+interrupted attempt's checkpoint already landed (the checkpoint names the turn) is not
+applied again: it only answers. A turn with `status` is answered that status
 at once (an agent's own 401 or 503), with nothing written. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
 on the same IP, port 18082)."""
 import http.server
@@ -42,10 +44,14 @@ class Agent(http.server.BaseHTTPRequestHandler):
         try:
             with urllib.request.urlopen(url) as r:
                 history = json.load(r)["history"]
+                written_by = r.headers.get("leasehold-checkpoint-turn")
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 return self.answer(502, {"error": "thaw_failed"})
-            history = []
+            history, written_by = [], None
+        resumed = self.headers.get("leasehold-resume")
+        if resumed is not None and resumed == written_by:  # applied before the interruption
+            return self.answer(200, {"history_len": len(history), "epoch": int(epoch)})
         time.sleep(turn.get("think_ms", 0) / 1000)
         history.append(turn.get("text", ""))
         put = urllib.request.Request(

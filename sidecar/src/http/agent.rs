@@ -78,8 +78,11 @@ async fn get_checkpoint(
     let key = session_key(&key)?;
     Ok(match app.fence.checkpoint(&key).await {
         Ok(Some(cp)) => {
-            let mut response = cp.data.into_response();
+            let mut response = cp.data.clone().into_response();
             response.headers_mut().insert(headers::CHECKPOINT_EPOCH, HeaderValue::from(cp.epoch.0));
+            if let Some(turn) = cp.turn_id.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
+                response.headers_mut().insert(headers::CHECKPOINT_TURN, turn);
+            }
             response
         }
         Ok(None) => reply::error(StatusCode::NOT_FOUND, "no_checkpoint", None),

@@ -48,6 +48,7 @@ pub fn router(peer: Peer) -> Router {
     Router::new()
         .route("/peer/v1/sessions/{key}/turns", super::turns::route(Kind::Turn, Door::Peer))
         .route("/peer/v1/sessions/{key}/events", super::turns::route(Kind::Event, Door::Peer))
+        .route("/peer/v1/sessions/{key}/turns/{turn_id}/cancel", super::turns::by_id(Door::Peer))
         .route("/peer/v1/sessions/{key}/stream", get(follow))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)

@@ -42,6 +42,7 @@ pub fn router(public: Public) -> Router {
     Router::new()
         .route("/v1/sessions/{key}/turns", super::turns::route(Kind::Turn, Door::Public))
         .route("/v1/sessions/{key}/events", super::turns::route(Kind::Event, Door::Public))
+        .route("/v1/sessions/{key}/turns/{turn_id}", super::turns::by_id(Door::Public))
         .route("/v1/sessions/{key}/stream", get(observe))
         .route("/v1/sessions/{key}", get(session))
         .fallback(super::not_found)

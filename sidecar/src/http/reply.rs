@@ -9,11 +9,16 @@ use axum::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use leasehold_core::{directive::RefusalBody, headers};
+use leasehold_core::{directive::RefusalBody, headers, Owner};
 
 use super::relay::Relay;
 use crate::{
-    turn::{directive::Refusal, router::Reply},
+    turn::{
+        directive::Refusal,
+        outcome::Outcome,
+        router::Reply,
+        run::{Early, Ran},
+    },
     upstream,
 };
 
@@ -74,6 +79,11 @@ fn stream_back<G: Send + Unpin + 'static>(
     response
 }
 
+/// An owner sidecar's answer to a forwarded request, passed back as it is.
+pub fn passed_through(upstream: upstream::Response) -> Response {
+    stream_back(upstream, (), None)
+}
+
 pub fn reply(reply: Reply) -> Response {
     match reply {
         Reply::Refused(r) => refusal(&r),
@@ -81,13 +91,46 @@ pub fn reply(reply: Reply) -> Response {
         Reply::PeerRejected => error(StatusCode::BAD_GATEWAY, "owner_failed", Reply::peer_rejected_message()),
         Reply::PeerRefused(body) => refusal_body(body),
         Reply::Forwarded(upstream) => stream_back(upstream, (), None),
-        Reply::Local { response, lease, guard } => {
-            let owner = HeaderValue::from_str(lease.owner.node_id()).expect("node id is a header value");
-            let epoch = HeaderValue::from(lease.epoch.0);
-            let mut out = stream_back(response, guard, Some(lease.halt));
-            out.headers_mut().insert(headers::OWNER, owner);
-            out.headers_mut().insert(headers::EPOCH, epoch);
+        Reply::Local { ran, node } => ran_here(ran, &node),
+    }
+}
+
+/// A turn settled at its owner (this node).
+fn ran_here(ran: Ran, node: &Owner) -> Response {
+    match ran {
+        Ran::Settled(Outcome::Answered { answer, epoch, replayed }) => {
+            let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let mut out = Response::new(Body::from(answer.body.clone()));
+            *out.status_mut() = status;
+            let headers = out.headers_mut();
+            if let Some(ct) = answer.content_type.as_deref().and_then(|ct| HeaderValue::from_str(ct).ok()) {
+                headers.insert(header::CONTENT_TYPE, ct);
+            }
+            let owner = HeaderValue::from_str(node.node_id()).expect("node id is a header value");
+            headers.insert(headers::OWNER, owner);
+            headers.insert(headers::EPOCH, HeaderValue::from(epoch.0));
+            if replayed {
+                headers.insert(headers::REPLAYED, HeaderValue::from_static("true"));
+            }
             out
+        }
+        Ran::Settled(Outcome::Interrupted) => error(
+            StatusCode::CONFLICT,
+            "interrupted",
+            "a newer turn of this session interrupted this one".to_owned(),
+        ),
+        Ran::Settled(Outcome::Refused(r)) => refusal(&r),
+        Ran::Settled(Outcome::OwnerFailed) => owner_failed(),
+        Ran::Early(Early::KeyReused) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used for another request of this session".to_owned(),
+        ),
+        Ran::Early(Early::Busy { running }) => {
+            (StatusCode::CONFLICT, Json(json!({ "error": "busy", "turn_id": running }))).into_response()
+        }
+        Ran::Early(Early::Cancelled) => {
+            error(StatusCode::CONFLICT, "cancelled", "this turn was cancelled before it finished".to_owned())
         }
     }
 }

@@ -74,6 +74,9 @@ pub enum Message {
 #[derive(Debug)]
 struct Hub {
     last: Option<EventId>,
+    /// The last id given to an event of our agent not yet delivered (it is journaled
+    /// first): ids are handed out in publish order, delivered in the same order.
+    allocated: Option<EventId>,
     recent: VecDeque<Event>,
     /// Bytes of the frames in `recent`.
     recent_bytes: usize,
@@ -96,6 +99,7 @@ impl Hub {
     fn new() -> Self {
         Hub {
             last: None,
+            allocated: None,
             recent: VecDeque::new(),
             recent_bytes: 0,
             tx: None,
@@ -209,18 +213,34 @@ impl Hubs {
         self.len() == 0
     }
 
-    /// Number and fan out an event our agent published at `epoch` (the fence passed).
-    pub fn publish(&self, key: &SessionKey, epoch: Epoch, kind: &str, data: &str) -> EventId {
+    /// Number an event our agent published at `epoch`: the next id of that epoch after
+    /// everything numbered or delivered so far. It is delivered (after the journal took
+    /// it) with [`Hubs::deliver`], in the same order.
+    pub fn allocate(&self, key: &SessionKey, epoch: Epoch) -> EventId {
         self.with(key, |hub| {
-            let seq = match hub.last {
+            let seq = match hub.allocated.max(hub.last) {
                 Some(last) if last.epoch == epoch => last.seq + 1,
                 _ => 1,
             };
             let id = EventId { epoch, seq };
-            hub.mark_primed();
-            hub.push(Event::new(id, kind, data));
+            hub.allocated = Some(id);
             id
         })
+    }
+
+    /// Fan out an event of our agent, numbered by [`Hubs::allocate`] and journaled.
+    pub fn deliver(&self, key: &SessionKey, event: Event) -> bool {
+        self.with(key, |hub| {
+            hub.mark_primed();
+            hub.push(event)
+        })
+    }
+
+    /// Number and fan out at once (an event that needs no journal: tests, benches).
+    pub fn publish(&self, key: &SessionKey, epoch: Epoch, kind: &str, data: &str) -> EventId {
+        let id = self.allocate(key, epoch);
+        self.deliver(key, Event::new(id, kind, data));
+        id
     }
 
     /// An event relayed from the owner; dropped if not newer than what we have.

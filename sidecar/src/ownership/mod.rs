@@ -393,8 +393,15 @@ impl Ownership {
 
     /// Write a checkpoint through the fence at `lease`'s owner and epoch;
     /// `Err(Fenced)` when the lease has moved on.
-    pub async fn put_checkpoint(&self, lease: &LocalLease, data: &[u8]) -> Result<(), store::Error> {
-        self.counted(self.store.put_checkpoint(&lease.key, &lease.owner, lease.epoch, data).await)
+    pub async fn put_checkpoint(
+        &self,
+        lease: &LocalLease,
+        turn_id: Option<&str>,
+        data: &[u8],
+    ) -> Result<(), store::Error> {
+        self.counted(
+            self.store.put_turn_checkpoint(&lease.key, &lease.owner, lease.epoch, turn_id, data).await,
+        )
     }
 
     /// Hold the fence at `lease`'s owner and epoch: no takeover of the session commits

@@ -22,8 +22,8 @@ const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// keep-alive connections early (gunicorn after 2 s, uvicorn and Node after 5 s) and a
 /// turn sent into that close would be lost; a new loopback connection is cheap next to a turn.
 const AGENT_POOL_IDLE: Duration = Duration::from_secs(1);
-/// A stand-down is a notification; an agent that cannot take it in this time is stuck,
-/// and the fence protects the data anyway.
+/// A stand-down or cancel is a notification; an agent that cannot take it in this time
+/// is stuck, and the fence protects the data anyway.
 const STAND_DOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Client of the agent container.
@@ -43,11 +43,20 @@ impl AgentClient {
         AgentClient { client, base: base.trim_end_matches('/').to_owned(), down: Arc::default() }
     }
 
-    /// Dispatch a turn at `epoch`. The response is streamed back by the caller.
-    pub async fn dispatch(&self, turn: &Turn, epoch: Epoch) -> Result<upstream::Response, upstream::Error> {
+    /// Dispatch a turn at `epoch` (`resume`: re-dispatched after an earlier owner lost it
+    /// mid-turn). The caller reads the answer.
+    pub async fn dispatch(
+        &self,
+        turn: &Turn,
+        epoch: Epoch,
+        resume: bool,
+    ) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
         let epoch = (headers::EPOCH, HeaderValue::from(epoch.0));
-        let sent = self.client.post(&url, turn.headers().chain([epoch]), turn.body.clone()).await;
+        let resume = resume
+            .then(|| (headers::RESUME, HeaderValue::try_from(turn.id.as_str()).expect("visible ASCII")));
+        let headers = turn.headers().chain([epoch]).chain(resume);
+        let sent = self.client.post(&url, headers, turn.body.clone()).await;
         self.down.store(sent.as_ref().is_err_and(upstream::Error::is_connect), Ordering::Relaxed);
         sent
     }
@@ -70,7 +79,17 @@ impl AgentClient {
 
     /// Tell the agent to halt and drop a session it no longer owns.
     pub async fn stand_down(&self, key: &SessionKey) -> Result<(), upstream::Error> {
-        let url = format!("{}/sessions/{key}/stand-down", self.base);
+        self.notify(format!("{}/sessions/{key}/stand-down", self.base)).await
+    }
+
+    /// Tell the agent a turn was cancelled (a newer one interrupted it, or `DELETE`).
+    pub async fn cancel(&self, key: &SessionKey, turn_id: &str) -> Result<(), upstream::Error> {
+        let turn = super::router::path_segment(turn_id);
+        self.notify(format!("{}/sessions/{key}/turns/{turn}/cancel", self.base)).await
+    }
+
+    /// A notification: an empty POST, answered 2xx within [`STAND_DOWN_TIMEOUT`].
+    async fn notify(&self, url: String) -> Result<(), upstream::Error> {
         let sent = self.client.post(&url, [], Bytes::new());
         let response = tokio::time::timeout(STAND_DOWN_TIMEOUT, sent)
             .await

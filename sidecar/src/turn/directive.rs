@@ -22,6 +22,9 @@ pub const STORE_BUDGET: Duration = Duration::from_secs(30);
 /// A limit of this pod is reached: wait long enough for connections or streams to end,
 /// short enough that a client moved to another pod by its load balancer barely notices.
 pub const OVERLOADED_DELAY: Duration = Duration::from_millis(1000);
+/// The session's turn queue at its owner is full: about one short turn's time before a
+/// place frees; the budget covers a queue's worth of them.
+pub const QUEUE_FULL_DELAY: Duration = Duration::from_millis(500);
 /// The agent container is not accepting connections (restarting); it is local, so a
 /// short wait suffices.
 pub const AGENT_DELAY: Duration = Duration::from_millis(500);
@@ -44,6 +47,8 @@ pub enum Refusal {
     /// A connection or stream limit of this pod is reached: try again shortly (through
     /// the load balancer, likely another pod).
     Overloaded,
+    /// The session's turn queue at its owner is full.
+    QueueFull,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -60,6 +65,7 @@ impl Refusal {
             Refusal::Fenced { .. } => "fenced",
             Refusal::AgentUnavailable => "agent_unavailable",
             Refusal::Overloaded => "overloaded",
+            Refusal::QueueFull => "queue_full",
         }
     }
 
@@ -74,6 +80,7 @@ impl Refusal {
             Refusal::Fenced { ttl } => (FENCED_DELAY, ttl * 2),
             Refusal::AgentUnavailable => (AGENT_DELAY, STORE_BUDGET),
             Refusal::Overloaded => (OVERLOADED_DELAY, STORE_BUDGET),
+            Refusal::QueueFull => (QUEUE_FULL_DELAY, STORE_BUDGET),
         };
         Retry { delay_ms: ms(delay).max(1), budget_ms: ms(budget).max(ms(delay)) }
     }
@@ -111,6 +118,7 @@ mod tests {
             Refusal::Fenced { ttl: TTL },
             Refusal::AgentUnavailable,
             Refusal::Overloaded,
+            Refusal::QueueFull,
         ] {
             let retry = r.retry();
             assert!(retry.delay_ms >= 1 && retry.budget_ms >= retry.delay_ms, "{r:?}");

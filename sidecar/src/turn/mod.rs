@@ -5,11 +5,20 @@
 pub mod agent;
 pub mod directive;
 pub mod inflight;
+pub mod outcome;
+pub mod queue;
 pub mod router;
+pub mod run;
 
 use bytes::Bytes;
 use http::{header::CONTENT_TYPE, HeaderName, HeaderValue};
-use leasehold_core::{headers, SessionKey};
+use leasehold_core::{
+    headers,
+    store::journal::{request_digest, TurnKind},
+    SessionKey,
+};
+
+use self::queue::Multitask;
 
 /// Whether the request was a turn from the session's user or an event from elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +37,26 @@ impl Kind {
     }
 }
 
+impl From<Kind> for TurnKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Turn => TurnKind::Turn,
+            Kind::Event => TurnKind::Event,
+        }
+    }
+}
+
 /// A turn or event as received: opaque body, content type preserved.
 #[derive(Debug, Clone)]
 pub struct Turn {
     pub kind: Kind,
     pub key: SessionKey,
+    /// The client's idempotency key when it gave one, else generated.
     pub id: String,
+    /// Whether `id` is the client's idempotency key (a repeat may come).
+    pub keyed: bool,
+    /// The client's multitask policy for this turn, if it named one.
+    pub multitask: Option<Multitask>,
     pub content_type: Option<HeaderValue>,
     pub body: Bytes,
 }
@@ -44,10 +67,33 @@ impl Turn {
         format!("/peer/v1/sessions/{}/{}", self.key, self.kind.segment())
     }
 
-    /// The headers a turn travels with: its id and, when given, its content type.
+    /// The headers a turn travels with: its id (and idempotency key), when given its
+    /// content type and multitask policy.
     pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
-        let id = HeaderValue::try_from(self.id.as_str()).expect("a turn id is a UUID");
-        std::iter::once((headers::TURN_ID, id)).chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
+        let id = HeaderValue::try_from(self.id.as_str()).expect("a turn id is visible ASCII");
+        let key = self.keyed.then(|| (headers::IDEMPOTENCY_KEY, id.clone()));
+        let multitask = self.multitask.map(|m| (headers::MULTITASK, HeaderValue::from_static(m.as_str())));
+        std::iter::once((headers::TURN_ID, id))
+            .chain(key)
+            .chain(multitask)
+            .chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
+    }
+
+    /// What a repeat of its idempotency key is compared by.
+    pub fn digest(&self) -> Vec<u8> {
+        request_digest(self.kind.into(), self.content_type(), &self.body)
+    }
+
+    pub fn content_type(&self) -> Option<&str> {
+        self.content_type.as_ref().and_then(|ct| ct.to_str().ok())
+    }
+
+    /// The policy it runs under: events from elsewhere in the product always enqueue.
+    pub fn policy(&self, default: Multitask) -> Multitask {
+        match self.kind {
+            Kind::Event => Multitask::Enqueue,
+            Kind::Turn => self.multitask.unwrap_or(default),
+        }
     }
 }
 

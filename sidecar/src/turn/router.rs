@@ -6,26 +6,28 @@ use std::{sync::Arc, time::Duration};
 
 use http_body_util::BodyExt;
 
-use leasehold_core::{directive::RefusalBody, headers, store::Holder, Epoch, SessionKey};
+use leasehold_core::{directive::RefusalBody, headers, store::Holder, Epoch, Owner, SessionKey};
 
 use super::{
     agent::AgentClient,
     directive::Refusal,
     inflight::{InFlight, InFlightGuard},
+    outcome::Outcome,
+    run::{Cancelled, Ran, Runner},
     Door, Turn,
 };
 use crate::{
     forward::{ForwardError, Forwarder},
     metrics::{status_label, Metrics},
-    ownership::{LocalLease, Ownership, ResolveError, Route, StandDownReason},
+    ownership::{LocalLease, Ownership, ResolveError, Route},
     upstream,
 };
 
 /// What happens to a turn.
 #[derive(Debug)]
 pub enum Reply {
-    /// The agent (here, or on the owner) answered: stream it back unchanged.
-    Local { response: upstream::Response, lease: LocalLease, guard: InFlightGuard },
+    /// The turn ran (or settled otherwise) here, at its owner, `node`.
+    Local { ran: Ran, node: Owner },
     /// The owner's sidecar answered a forwarded turn: pass it through.
     Forwarded(upstream::Response),
     /// Not now; the client may retry as the directive says.
@@ -73,6 +75,7 @@ enum Hop {
 pub struct TurnRouter {
     pub ownership: Arc<Ownership>,
     pub agent: AgentClient,
+    pub runner: Arc<Runner>,
     pub forwarder: Arc<Forwarder>,
     pub inflight: Arc<InFlight>,
     pub metrics: Arc<Metrics>,
@@ -240,19 +243,6 @@ impl TurnRouter {
         }
     }
 
-    /// A turn halted because ownership moved (or may have): `fenced` (the next owner
-    /// serves it) if nothing of it was written; if a checkpoint was sent meanwhile it may
-    /// be in the history already, so `owner_failed` (never retried) instead of a
-    /// directive that would run it twice.
-    fn halted(&self, lease: &LocalLease, landed_before: u64) -> Reply {
-        if lease.landed.load(std::sync::atomic::Ordering::SeqCst) == landed_before {
-            return self.refuse("local", Refusal::Fenced { ttl: self.ttl });
-        }
-        tracing::warn!(key = %lease.key, epoch = %lease.epoch, "turn halted after a checkpoint was sent: it may have landed");
-        self.metrics.turn("local", "owner_failed");
-        Reply::OwnerFailed
-    }
-
     /// Our agent refused the connection (crashed, restarting, OOM-killed): the turn did
     /// not start. Hand the session back so another pod's agent can serve it at once
     /// rather than the session waiting on this one (a crash-looping agent would hold it
@@ -282,33 +272,126 @@ impl TurnRouter {
         }
     }
 
-    /// Dispatch to our agent. Halted at once if the session is stood down meanwhile.
+    /// Run it here: the owner's queue, journal and agent.
     async fn run_local(&self, turn: Turn, lease: LocalLease, guard: InFlightGuard) -> Reply {
-        let landed = lease.landed.load(std::sync::atomic::Ordering::SeqCst);
-        let response = tokio::select! {
-            response = self.agent.dispatch(&turn, lease.epoch) => response,
-            _ = lease.halt.cancelled() => return self.halted(&lease, landed),
+        let ran = self.runner.run(turn, lease.clone(), guard).await;
+        self.metrics.turn("local", ran.label());
+        Reply::Local { ran, node: lease.owner }
+    }
+}
+
+/// What a `DELETE …/turns/{id}` came to.
+#[derive(Debug)]
+pub enum CancelReply {
+    Done(Cancelled),
+    /// The owner's sidecar answered (a forwarded cancel): passed through.
+    Forwarded(upstream::Response),
+    Refused(Refusal),
+    OwnerFailed,
+}
+
+impl TurnRouter {
+    /// Cancel a turn at its session's owner: here, or one hop to the owner (never a
+    /// second hop).
+    pub async fn cancel(&self, key: &SessionKey, turn_id: &str, door: Door) -> CancelReply {
+        let Some(admitted) = self.inflight.admit(&self.draining) else {
+            return CancelReply::Refused(Refusal::Draining { drain_timeout: self.drain_timeout });
         };
-        match response {
-            Err(e) if e.is_connect() => self.agent_unavailable(&turn.key, lease.epoch).await,
+        match self.ownership.resolve(key, false).await {
             Err(e) => {
-                tracing::warn!(key = %turn.key, error = %e, "agent failed mid-turn");
-                self.metrics.turn("local", "owner_failed");
-                Reply::OwnerFailed
+                tracing::warn!(error = %e, "cannot resolve ownership");
+                CancelReply::Refused(Refusal::StoreUnavailable)
             }
-            // The agent hit the fence: the next owner will serve the turn.
-            Ok(r) if r.status() == http::StatusCode::CONFLICT => {
-                self.ownership.stand_down(&turn.key, lease.epoch, StandDownReason::Fenced);
-                self.halted(&lease, landed)
+            Ok(Route::Local(lease)) => {
+                let done = self.runner.cancel(&lease, turn_id).await;
+                drop(admitted);
+                match done {
+                    Ok(done) => CancelReply::Done(done),
+                    Err(Outcome::Refused(refusal)) => CancelReply::Refused(refusal),
+                    Err(_) => CancelReply::OwnerFailed,
+                }
             }
-            Ok(response) if lease.halt.is_cancelled() => {
-                drop(response);
-                self.halted(&lease, landed)
+            Ok(Route::Remote(_)) if door == Door::Peer => {
+                CancelReply::Refused(Refusal::OwnerUnreachable { ttl: self.ttl })
             }
-            Ok(response) => {
-                self.metrics.turn("local", status_label(response.status()));
-                Reply::Local { response, lease, guard }
+            Ok(Route::Remote(holder)) => {
+                drop(admitted);
+                let path = format!("/peer/v1/sessions/{key}/turns/{}/cancel", path_segment(turn_id));
+                match self.forwarder.forward(&holder, &path, std::iter::empty(), bytes::Bytes::new()).await {
+                    Ok(response) => CancelReply::Forwarded(response),
+                    Err(ForwardError::NotConnected { .. }) => {
+                        CancelReply::Refused(Refusal::TakeoverPending {
+                            remaining: holder.remaining,
+                            ttl: self.ttl,
+                        })
+                    }
+                    Err(ForwardError::Failed { .. }) => CancelReply::OwnerFailed,
+                }
             }
         }
+    }
+}
+
+/// A turn id (a client's idempotency key: any visible ASCII) as one URL path segment.
+pub fn path_segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for byte in id.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(char::from(byte)),
+            other => out.push_str(&format!("%{other:02X}")),
+        }
+    }
+    out
+}
+
+/// How often each node looks for turns whose owner is gone and that no request touches:
+/// such a turn is resumed within its owner's TTL (or at once after a revocation or a
+/// hand-back) plus this. One indexed query per node per period.
+pub const ORPHAN_SWEEP: Duration = Duration::from_secs(2);
+/// Sessions taken per sweep: a burst of orphans (a pod lost with many) is spread over
+/// a few sweeps and over the nodes that race to claim them.
+const ORPHAN_BATCH: i64 = 32;
+
+impl TurnRouter {
+    /// Forever: claim sessions with an unfinished turn and no live owner, and resume the
+    /// turn here (an accepted turn finishes even if its client is gone). Not while
+    /// draining or while our agent is down.
+    pub async fn resume_orphans(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(ORPHAN_SWEEP).await;
+            if *self.draining.borrow() || self.agent.is_down().await {
+                continue;
+            }
+            let orphans = match self.ownership.orphaned_turns(ORPHAN_BATCH).await {
+                Ok(orphans) => orphans,
+                Err(e) => {
+                    tracing::debug!(error = %e, "looking for orphaned turns failed");
+                    continue;
+                }
+            };
+            for key in orphans {
+                let Some(admitted) = self.inflight.admit(&self.draining) else { break };
+                match self.ownership.resolve(&key, true).await {
+                    Ok(Route::Local(lease)) => {
+                        tracing::info!(%key, epoch = %lease.epoch, "claimed a session with an orphaned turn");
+                        tokio::spawn({
+                            let runner = self.runner.clone();
+                            async move { runner.resume_orphaned(lease, admitted).await }
+                        });
+                    }
+                    Ok(Route::Remote(_)) => {} // another node claimed it first
+                    Err(e) => tracing::debug!(%key, error = %e, "claiming an orphaned session failed"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_turn_id_becomes_one_path_segment() {
+        assert_eq!(super::path_segment("a-b_c.d~9"), "a-b_c.d~9");
+        assert_eq!(super::path_segment("a/b?c#d%e f"), "a%2Fb%3Fc%23d%25e%20f");
     }
 }
