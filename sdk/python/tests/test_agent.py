@@ -16,7 +16,7 @@ import pytest
 from starlette.applications import Starlette
 
 import leasehold
-from harness import Cluster, Node, stored_checkpoint, stored_history, wait_until
+from harness import Cluster, Node, lapsed, stored_checkpoint, stored_history, wait_until
 from leasehold.agent import Session, TurnRequest, create_app
 
 SLACK = 3.0
@@ -226,7 +226,9 @@ def test_a_zombie_checkpoint_after_sigstop_past_the_ttl_is_fenced(
         with cluster.client(1, 2) as others:
             # A turn sent now would be forwarded into the freeze (owner_failed): wait until
             # node-a's lease lapsed, as seen from the others (a read, never a claim).
-            wait_until(lambda: others.session(key).claimable, 3 * cluster.lease_ttl, "the lapse")
+            wait_until(
+                lambda: lapsed(others.session(key), "node-a"), 3 * cluster.lease_ttl, "the lapse"
+            )
             after = others.send_turn(key, {"text": "after", "tokens": 0})
         assert (after.status, after.epoch) == (200, 2)
         assert after.owner in ("node-b", "node-c")

@@ -22,6 +22,7 @@ from harness import (
     EXAMPLES,
     Cluster,
     langgraph_agent_argv,
+    lapsed,
     stored_checkpoint,
     wait_until,
 )
@@ -114,7 +115,9 @@ def test_a_zombie_graph_step_is_refused_by_the_fence(make_cluster: Callable[...,
     a.agent.pause()
     try:
         with cluster.client(1, 2) as others:
-            wait_until(lambda: others.session(key).claimable, 3 * cluster.lease_ttl, "the lapse")
+            wait_until(
+                lambda: lapsed(others.session(key), "node-a"), 3 * cluster.lease_ttl, "the lapse"
+            )
             after = others.send_turn(key, {"text": "after"})
         assert after.epoch == 2
         # The frozen turn was resumed from its stored count step, not run again.

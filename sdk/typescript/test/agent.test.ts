@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { createAgentHandler, Fenced, SidecarApi, type AgentHandler, type Session } from "../src/agent.js";
-import { Cluster, drain, gate, waitFor, withCluster } from "./support/cluster.js";
+import { Cluster, drain, gate, lapsed, waitFor, withCluster } from "./support/cluster.js";
 
 type Nodes = Cluster["nodes"];
 
@@ -84,7 +84,9 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
     a.sidecar.pause();
     try {
       const others = cluster.client({}, [b, c]);
-      await waitFor("node-a's lease to lapse", async () => (await others.session(key)).claimable, 10_000, 100);
+      // Lapsed: claimable, or already claimed by another pod's sweep (it resumes the
+      // session's unfinished turn as soon as no live owner holds it).
+      await waitFor("node-a's lease to lapse", async () => lapsed(await others.session(key), "node-a"), 10_000, 100);
       const after = await others.sendTurn(key, { text: "after" });
       assert.equal(after.epoch, 2, "taken over");
       assert.notEqual(after.owner, "node-a");

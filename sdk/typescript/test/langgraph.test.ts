@@ -11,7 +11,7 @@ import { Annotation, END, START, StateGraph } from "@langchain/langgraph";
 import { createAgentHandler, Fenced, Session, SidecarApi, type AgentHandler } from "../src/agent.js";
 import type { LeaseholdEvent } from "../src/index.js";
 import { BLOB_FORMAT, LeaseholdSaver } from "../src/langgraph.js";
-import { Cluster, LANGGRAPH_AGENT_JS, gate, waitFor, withCluster } from "./support/cluster.js";
+import { Cluster, LANGGRAPH_AGENT_JS, gate, lapsed, waitFor, withCluster } from "./support/cluster.js";
 
 type Nodes = Cluster["nodes"];
 
@@ -134,7 +134,9 @@ test("the checkpointer refuses a zombie's write: Fenced out of the graph, the ne
     let blobAfterTakeover: string | undefined;
     try {
       const others = cluster.client({}, [b, c]);
-      await waitFor("node-a's lease to lapse", async () => (await others.session(key)).claimable, 10_000, 100);
+      // Lapsed: claimable, or already claimed by another pod's sweep (it resumes the
+      // session's unfinished turn as soon as no live owner holds it).
+      await waitFor("node-a's lease to lapse", async () => lapsed(await others.session(key), "node-a"), 10_000, 100);
       const after = await others.sendTurn(key, { text: "after" });
       assert.equal(after.epoch, 2);
       const log = (await after.json<{ log: string[] }>()).log;
