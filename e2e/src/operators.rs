@@ -93,10 +93,15 @@ pub async fn chart_pods(client: &kube::Client) -> Vec<(String, bool)> {
     pods.items.iter().map(|p| (p.name_any(), crate::pods::is_ready(p))).collect()
 }
 
+/// A metrics read that takes longer than this counts as unreachable (a pod going away),
+/// so one slow read does not hold up the samples.
+pub const METRICS_READ_WITHIN: Duration = Duration::from_secs(2);
+
 /// A chart operator pod's reconcile counter, through the pod proxy (`None`: unreachable).
 pub async fn chart_reconciles(client: &kube::Client, pod: &str) -> Option<u64> {
-    let reply =
-        PodProxy::new(client.clone(), NAMESPACE).get(pod, CHART_METRICS_PORT, "/metrics").await.ok()?;
+    let proxy = PodProxy::new(client.clone(), NAMESPACE);
+    let read = proxy.get(pod, CHART_METRICS_PORT, "/metrics");
+    let reply = tokio::time::timeout(METRICS_READ_WITHIN, read).await.ok()?.ok()?;
     if reply.status != 200 {
         return None;
     }
@@ -165,7 +170,7 @@ impl OperatorProcess {
             metrics,
             child,
             log,
-            http: reqwest::Client::builder().timeout(Duration::from_secs(2)).build().expect("a client"),
+            http: reqwest::Client::builder().timeout(METRICS_READ_WITHIN).build().expect("a client"),
         }
     }
 

@@ -1088,8 +1088,10 @@ impl OperatorSampler {
         let task = tokio::spawn({
             let samples = samples.clone();
             async move {
-                let http =
-                    reqwest::Client::builder().timeout(Duration::from_secs(1)).build().expect("client");
+                let http = reqwest::Client::builder()
+                    .timeout(operators::METRICS_READ_WITHIN)
+                    .build()
+                    .expect("client");
                 loop {
                     let mut reconciles = BTreeMap::new();
                     for (identity, addr) in &processes {
