@@ -108,6 +108,26 @@ pub async fn chart_reconciles(client: &kube::Client, pod: &str) -> Option<u64> {
     counter(&reply.text(), RECONCILES)
 }
 
+/// The series of the operator's drains that succeeded and failed
+/// (`leasehold_operator_drains_total{outcome}`).
+pub const DRAINS_OK: &str = "leasehold_operator_drains_total{outcome=\"ok\"}";
+pub const DRAINS_FAILED: &str = "leasehold_operator_drains_total{outcome=\"failed\"}";
+
+/// Counters of the leading operator (the chart's pod the Lease names), read through the
+/// pod proxy: `series` in order, each 0 when absent (a counter family shows a series
+/// only once it was incremented). Panics if the leader cannot be read.
+pub async fn leader_counters<const N: usize>(client: &kube::Client, series: [&str; N]) -> [u64; N] {
+    let holder = leader(client).await.expect("read the Lease").and_then(|l| l.holder).expect("a leader");
+    let proxy = PodProxy::new(client.clone(), NAMESPACE);
+    let reply = proxy
+        .get(&holder, CHART_METRICS_PORT, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("metrics of the leading operator {holder}: {e}"));
+    assert_eq!(reply.status, 200, "metrics of the leading operator {holder}: {}", reply.text());
+    let text = reply.text();
+    series.map(|name| counter(&text, name).unwrap_or(0))
+}
+
 /// An operator process started by the suite, on loopback for its metrics, with the
 /// admin kubeconfig, in the chart's namespace and Lease. Killed on drop.
 #[derive(Debug)]
@@ -219,5 +239,9 @@ mod tests {
         assert_eq!(counter(text, "leasehold_operator_revocations_total"), Some(0));
         assert_eq!(counter(text, "leasehold_operator_drains_total"), None);
         assert_eq!(counter("leasehold_operator_reconciles_total 2.0e0\n", RECONCILES), Some(2));
+        let drains = "leasehold_operator_drains_total{outcome=\"ok\"} 5\n\
+                      leasehold_operator_drains_total{outcome=\"failed\"} 1\n";
+        assert_eq!(counter(drains, DRAINS_OK), Some(5));
+        assert_eq!(counter(drains, DRAINS_FAILED), Some(1));
     }
 }
