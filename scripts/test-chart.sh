@@ -215,7 +215,7 @@ CLUSTER_RULES = {
     rule([""], ["services"], READ_CREATE_PATCH),
     rule(["policy"], ["poddisruptionbudgets"], READ_CREATE_PATCH),
     rule(["networking.k8s.io"], ["networkpolicies"], READ_CREATE_PATCH),
-    rule([""], ["secrets"], ["get", "create"]),
+    rule([""], ["secrets"], ["get", "list", "watch", "create"]),
     rule([""], ["pods"], ["list", "watch", "patch"]),
     rule(["events.k8s.io"], ["events"], ["create", "patch"]),
 }

@@ -11,7 +11,7 @@ use leasehold_core::{
     store::{leases::claim_once, nodes, Claim, LeaseStore},
     Owner,
 };
-use support::{boot, key, store, wait_for_lock_wait, LONG_TTL};
+use support::{backend_pid, boot, key, store, wait_for_lock_wait, LONG_TTL};
 
 #[tokio::test]
 async fn a_claim_never_takes_over_from_a_boot_that_registered_during_it() {
@@ -27,11 +27,13 @@ async fn a_claim_never_takes_over_from_a_boot_that_registered_during_it() {
     assert!(matches!(b_claim, Some(Claim::Claimed { .. })), "{b_claim:?}");
 
     // C's claim takes its snapshot now and blocks on B's uncommitted lease row.
+    let mut c_conn = store.pool().acquire().await.unwrap();
+    let c_pid = backend_pid(&mut c_conn).await;
     let c_claim = tokio::spawn({
-        let (pool, s, c) = (store.pool().clone(), s.clone(), c.clone());
-        async move { claim_once(&pool, &s, &c).await }
+        let (s, c) = (s.clone(), c.clone());
+        async move { claim_once(&mut *c_conn, &s, &c).await }
     });
-    wait_for_lock_wait(&store, "agent_leases").await;
+    wait_for_lock_wait(&store, c_pid).await;
     b_tx.commit().await.unwrap();
 
     // C may answer "held by B" or the empty answer (re-run), never "you own it".

@@ -5,10 +5,10 @@ mod support;
 use std::time::Duration;
 
 use leasehold_core::{
-    store::{checkpoints::put_checkpoint, Claim, Error},
+    store::{checkpoints::put_checkpoint, leases::claim_once, Claim, Error},
     Epoch,
 };
-use support::{boot, key, store, wait_for_lock_wait, LONG_TTL};
+use support::{backend_pid, boot, key, store, wait_for_lock_wait, LONG_TTL};
 
 fn fenced<T: std::fmt::Debug>(r: Result<T, Error>) -> bool {
     matches!(r, Err(Error::Fenced { .. }))
@@ -92,16 +92,18 @@ async fn a_write_racing_a_takeover_waits_and_is_fenced() {
     store.hand_back_all(&a).await.unwrap(); // a's lease is no longer live, a does not know
 
     let mut takeover = store.pool().begin().await.unwrap();
-    let claim = leasehold_core::store::leases::claim_once(&mut *takeover, &s, &b).await.unwrap();
+    let claim = claim_once(&mut *takeover, &s, &b).await.unwrap();
     assert_eq!(claim, Some(Claim::TookOver { epoch: Epoch(2) }));
 
+    // The zombie writes on a connection of its own, whose backend we watch.
+    let mut zombie_conn = store.pool().acquire().await.unwrap();
+    let zombie_pid = backend_pid(&mut zombie_conn).await;
     let zombie = {
-        let store = store.clone();
         let (s, a) = (s.clone(), a.clone());
-        tokio::spawn(async move { store.put_checkpoint(&s, &a, Epoch(1), b"zombie").await })
+        tokio::spawn(async move { put_checkpoint(&mut *zombie_conn, &s, &a, Epoch(1), b"zombie").await })
     };
     // The zombie's statement is seen waiting on the lease row's lock (not merely slow).
-    wait_for_lock_wait(&store, "agent_checkpoints").await;
+    wait_for_lock_wait(&store, zombie_pid).await;
     assert!(!zombie.is_finished(), "the zombie write must wait on the row lock");
     takeover.commit().await.unwrap();
     assert!(fenced(zombie.await.unwrap()));
@@ -122,16 +124,19 @@ async fn a_takeover_waits_for_an_in_flight_write() {
     put_checkpoint(&mut *write, &s, &a, Epoch(1), b"last words").await.unwrap();
     store.hand_back_all(&a).await.unwrap(); // node rows are not locked by the write
 
+    // The takeover claims on a connection of its own, whose backend we watch.
+    let mut takeover_conn = store.pool().acquire().await.unwrap();
+    let takeover_pid = backend_pid(&mut takeover_conn).await;
     let takeover = {
-        let (store, s, b) = (store.clone(), s.clone(), b.clone());
-        tokio::spawn(async move { store.claim(&s, &b).await })
+        let (s, b) = (s.clone(), b.clone());
+        tokio::spawn(async move { claim_once(&mut *takeover_conn, &s, &b).await })
     };
     // The takeover's claim is seen waiting on the lease row's lock (the `FOR SHARE` of the
     // write's fence), not merely not yet started.
-    wait_for_lock_wait(&store, "agent_leases").await;
+    wait_for_lock_wait(&store, takeover_pid).await;
     assert!(!takeover.is_finished(), "the takeover must wait for the in-flight write");
     write.commit().await.unwrap();
-    assert_eq!(takeover.await.unwrap().unwrap(), Claim::TookOver { epoch: Epoch(2) });
+    assert_eq!(takeover.await.unwrap().unwrap(), Some(Claim::TookOver { epoch: Epoch(2) }));
     let cp = store.get_checkpoint(&s).await.unwrap().unwrap();
     assert_eq!((cp.epoch, cp.data.as_slice()), (Epoch(1), &b"last words"[..]));
     assert!(fenced(store.put_checkpoint(&s, &a, Epoch(1), b"after").await));

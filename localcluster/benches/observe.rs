@@ -194,12 +194,19 @@ type Placement = (&'static [usize], &'static str);
 /// Name, sessions, observers per session, events, pace, placements.
 type Scenario = (&'static str, usize, usize, usize, Duration, &'static [Placement]);
 
+/// Rounds per scenario: each round runs every placement once (remote, then the owner
+/// baseline), so drift on the shared machine hits both alike, as the hop bench does.
+/// `LEASEHOLD_BENCH_ROUNDS` overrides.
+const ROUNDS: usize = 3;
+
 async fn latency(db: &str) {
-    println!("## Publish → observer latency\n");
+    let rounds: usize = std::env::var("LEASEHOLD_BENCH_ROUNDS")
+        .map_or(ROUNDS, |r| r.parse().expect("LEASEHOLD_BENCH_ROUNDS"));
+    println!("## Publish → observer latency ({rounds} rounds, placements interleaved)\n");
     println!(
-        "| scenario | pace | observers on | p50 ms | p99 ms | deliveries | sidecars CPU µs/delivery | observers+publisher CPU µs/delivery |"
+        "| scenario | pace | round | observers on | p50 ms | p99 ms | deliveries | sidecars CPU µs/delivery | observers+publisher CPU µs/delivery |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     const REMOTE_OR_LOCAL: &[Placement] =
         &[(&[1], "non-owner node (remote)"), (&[0], "owner node (baseline)")];
     const SPREAD: &[Placement] = &[(&[0, 1, 2], "all 3 nodes (2 of them remote)")];
@@ -217,18 +224,25 @@ async fn latency(db: &str) {
         if only.is_some_and(|only| only != sc) {
             continue;
         }
-        for (observe_on, place) in placements {
-            let cluster = Cluster::start(db, bench_options()).await.unwrap();
-            let keys: Vec<String> =
-                (0..sessions).map(|i| format!("obs-{sc}-{}-{i}", observe_on[0])).collect();
-            claim_all(&cluster, &keys).await;
-            let m = measure(&cluster, observe_on, &keys, per_key, events, pace).await;
-            let (sidecars, bench) = m.cpu.per(m.n);
-            println!(
-                "| {name} | {pace:?} | {place} | {:.3} | {:.3} | {} | {sidecars:.1} | {bench:.1} |",
-                m.p50, m.p99, m.n
-            );
+        let mut p99 = vec![0.0; placements.len()];
+        for round in 0..rounds {
+            for (at, (observe_on, place)) in placements.iter().enumerate() {
+                let cluster = Cluster::start(db, bench_options()).await.unwrap();
+                let keys: Vec<String> =
+                    (0..sessions).map(|i| format!("obs-{sc}-{round}-{}-{i}", observe_on[0])).collect();
+                claim_all(&cluster, &keys).await;
+                let m = measure(&cluster, observe_on, &keys, per_key, events, pace).await;
+                let (sidecars, bench) = m.cpu.per(m.n);
+                p99[at] += m.p99 / rounds as f64;
+                println!(
+                    "| {name} | {pace:?} | {round} | {place} | {:.3} | {:.3} | {} | {sidecars:.1} | {bench:.1} |",
+                    m.p50, m.p99, m.n
+                );
+            }
         }
+        let means: Vec<String> =
+            placements.iter().zip(&p99).map(|((_, place), p)| format!("{place} {p:.3} ms")).collect();
+        println!("| {name} | {pace:?} | mean p99 | {} | | | | | |", means.join("; "));
     }
     println!();
 }

@@ -20,6 +20,10 @@ fn options() -> ClusterOptions {
     ClusterOptions { lease_ttl: TTL, heartbeat: Duration::from_secs(1), ..ClusterOptions::default() }
 }
 
+/// How long the turn that is in flight during a drain thinks: well inside the drain
+/// timeout (5 s), so the drain waits for it rather than standing it down.
+const LONG_THINK: Duration = Duration::from_millis(2000);
+
 /// One session's acknowledged turns: (text, owner, epoch, when acknowledged, when sent).
 type Log = Vec<(String, String, i64, Instant, Instant)>;
 
@@ -65,6 +69,15 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
             .unwrap();
     }
     let owned_by_a: Vec<String> = keys.iter().filter(|k| k.ends_with(['0', '3', '6'])).cloned().collect();
+    // One more session of node-a's, for a turn that is certainly in flight when the drain
+    // runs: it thinks for less than the drain timeout, so the drain waits for it.
+    let long = "drain-long";
+    let body = json!({"text": "start"}).to_string();
+    client.post(&format!("/v1/sessions/{long}/turns"), body.into(), Some(0)).await.unwrap();
+    let mut long_observer =
+        Observer::open(&format!("{}/v1/sessions/{long}/stream", cluster.nodes[0].public_url()), None)
+            .await
+            .unwrap();
     let mut observer = Observer::open(
         &format!("{}/v1/sessions/{}/stream", cluster.nodes[0].public_url(), owned_by_a[0]),
         None,
@@ -75,15 +88,37 @@ async fn drain_under_load_hands_every_lease_back_with_zero_failed_turns() {
     let stop = Instant::now() + Duration::from_secs(5);
     let drivers: Vec<_> =
         keys.iter().cloned().map(|key| tokio::spawn(drive(client.clone(), key, stop))).collect();
+    // The load runs a while (the fault itself is the drain in the middle of it).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let in_flight_before = cluster.nodes[0].metric("leasehold_in_flight_turns", "").await;
+    let long_turn = {
+        let client = client.clone();
+        let body = json!({ "text": "long", "think_ms": LONG_THINK.as_millis() as u64, "tokens": 3 });
+        tokio::spawn(async move {
+            client.post(&format!("/v1/sessions/{long}/turns"), body.to_string().into(), Some(0)).await
+        })
+    };
+    long_observer
+        .until(support::CONDITION_WITHIN, |f| {
+            f.event.as_deref() == Some("turn_started") && f.data.contains("\"long\"")
+        })
+        .await
+        .expect("the long turn started on node-a");
     let drained_at = Instant::now();
     let report = cluster.nodes[0].drain().await;
     let drain_took = drained_at.elapsed();
+    eprintln!("drain report {report} in {drain_took:?}");
     assert!(report["handed_back"].as_u64().unwrap() >= 1, "{report}");
+    assert!(report["in_flight_finished"].as_u64().unwrap() >= 1, "the long turn was in flight: {report}");
     assert_eq!(report["in_flight_stood_down"], 0, "every in-flight turn finished: {report}");
     assert!(drain_took < TTL, "the drain itself is quick: {drain_took:?}");
-    eprintln!("drain report {report} in {drain_took:?} (in flight when called: {in_flight_before})");
+    let long_answer = long_turn.await.unwrap().expect("the long turn answered");
+    assert_eq!(
+        (long_answer.status, long_answer.owner.as_deref(), long_answer.epoch),
+        (200, Some("node-a"), Some(1)),
+        "the turn in flight when the drain ran finished on node-a: {:?}",
+        long_answer.json()
+    );
+    assert_eq!(support::history(&db, long).await, ["start", "long"]);
 
     // The drained node streams `reconnect` and refuses new work with a directive.
     observer.until(Duration::from_secs(5), |f| f.event.as_deref() == Some("reconnect")).await.unwrap();
@@ -231,6 +266,18 @@ async fn sigterm_under_forwarded_load_fails_no_turn() {
             .unwrap();
         assert_eq!(answer.owner.as_deref(), Some("node-a"));
     }
+    // One more of node-a's sessions gets a long turn forwarded through node-b that is
+    // running on node-a's agent when the SIGTERM comes: a turn certainly hits node-a while
+    // it shuts down, and the drain waits for it.
+    let long = "fwd-long";
+    client
+        .post(&format!("/v1/sessions/{long}/turns"), json!({"text": "start"}).to_string().into(), Some(0))
+        .await
+        .unwrap();
+    let mut long_observer =
+        Observer::open(&format!("{}/v1/sessions/{long}/stream", cluster.nodes[0].public_url()), None)
+            .await
+            .unwrap();
     // Each session sends back to back through node-b and node-c, which forward to node-a
     // until it hands back: many pooled connections are busy as node-a shuts down. They
     // go on until a second after node-a has exited.
@@ -260,11 +307,39 @@ async fn sigterm_under_forwarded_load_fails_no_turn() {
             })
         })
         .collect();
+    // The load runs a while (the fault itself is the SIGTERM in the middle of it).
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    let long_turn = {
+        let client = client.clone();
+        let body = json!({ "text": "long", "think_ms": LONG_THINK.as_millis() as u64, "tokens": 3 });
+        tokio::spawn(async move {
+            let path = format!("/v1/sessions/{long}/turns");
+            let answer = client.post(&path, body.to_string().into(), Some(1)).await;
+            (answer, Instant::now())
+        })
+    };
+    long_observer
+        .until(support::CONDITION_WITHIN, |f| {
+            f.event.as_deref() == Some("turn_started") && f.data.contains("\"long\"")
+        })
+        .await
+        .expect("the long turn started on node-a");
+    let signalled = Instant::now();
     let status = tokio::task::block_in_place(|| cluster.nodes[0].sidecar.terminate(Duration::from_secs(15)));
     assert!(status.expect("node-a exited").success());
+    // The load goes on a second after node-a exited (a duration of the scenario).
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (long_answer, answered) = long_turn.await.unwrap();
+    let long_answer = long_answer.expect("the long turn answered");
+    assert_eq!(
+        (long_answer.status, long_answer.owner.as_deref(), long_answer.epoch),
+        (200, Some("node-a"), Some(1)),
+        "the forwarded turn running on node-a when it got SIGTERM finished there: {:?}",
+        long_answer.json()
+    );
+    assert!(answered > signalled, "it was answered while node-a shut down");
+    assert_eq!(support::history(&db, long).await, ["start", "long"]);
     let mut total = 0;
     for driver in drivers {
         let (key, acked, failed) = driver.await.unwrap();
@@ -326,4 +401,93 @@ async fn a_drained_pod_closes_each_keep_alive_connection_after_its_answer() {
         assert!(answer.to_ascii_lowercase().contains("connection: close"), "port {port}: {answer}");
         assert!(closed, "port {port}: the server closed the connection after the answer");
     }
+}
+
+/// CONTRACT §6 drain order: a turn still running at the drain timeout is stood down — the
+/// agent gets `POST /sessions/{key}/stand-down` — and counted in `in_flight_stood_down`;
+/// the lease is handed back all the same, and nothing of the turn lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_outlasting_the_drain_timeout_is_stood_down_and_its_agent_told() {
+    /// Short, so the held turn outlasts it by far.
+    const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let record = tempfile::tempdir().unwrap();
+    let options = ClusterOptions {
+        nodes: 1,
+        drain_timeout: DRAIN_TIMEOUT,
+        agent_command: support::recording_hold_agent(record.path()),
+        ..options()
+    };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let node = &cluster.nodes[0];
+    let key = "outlasting";
+    let turns = format!("{}/v1/sessions/{key}/turns", node.public_url());
+    let http = reqwest::Client::new();
+    let first = http.post(&turns).body(json!({"text": "first"}).to_string()).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    // The agent thinks four drain timeouts before it would checkpoint.
+    let think_ms = (DRAIN_TIMEOUT * 4).as_millis() as u64;
+    let held = tokio::spawn({
+        let request = http.post(&turns).body(json!({ "text": "held", "think_ms": think_ms }).to_string());
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap_or_default())
+        }
+    });
+    support::eventually("the held turn runs on the agent", || async {
+        node.metric("leasehold_in_flight_turns", "").await >= 1.0
+    })
+    .await;
+
+    let report = node.drain().await;
+    assert_eq!(report["in_flight_stood_down"], 1, "{report}");
+    assert_eq!(report["in_flight_finished"], 0, "{report}");
+    assert_eq!(report["handed_back"], 1, "{report}");
+    let stand_down = format!("/sessions/{key}/stand-down");
+    support::eventually("the agent was told to stand the session down", || {
+        let told = !support::received(record.path(), node, &stand_down).is_empty();
+        async move { told }
+    })
+    .await;
+    let (status, body) = held.await.unwrap();
+    assert_ne!(status, 200, "a stood-down turn is not acknowledged: {body}");
+    assert_eq!(support::history(&db, key).await, ["first"], "nothing of the held turn landed");
+    let view = cluster.client().session(key, 0).await.unwrap();
+    assert_eq!(view["claimable"], true, "handed back: {view}");
+}
+
+/// CONTRACT §3: the client library re-sends after each directive's delay and gives up
+/// once the budget would be overrun, with the last refusal: here a drained node's
+/// `draining` (budget: the drain timeout), asked again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_gives_up_at_the_retry_budget_of_a_draining_node() {
+    use leasehold_sidecar::client::ClientError;
+    const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+    /// A deadline, not a speed claim: a client that never gave up would hang here.
+    const GIVE_UP_WITHIN: Duration = Duration::from_secs(30);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 1, drain_timeout: DRAIN_TIMEOUT, ..options() };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    cluster.nodes[0].drain().await;
+
+    let (client, body) = (cluster.client(), json!({"text": "x"}));
+    let asked = tokio::time::timeout(GIVE_UP_WITHIN, client.turn("refused", &body));
+    let outcome = asked.await.expect("the client never gave up: it retried past its budget");
+    let Err(ClientError::GaveUp(last, directives)) = outcome else {
+        panic!("expected the client to give up: {outcome:?}")
+    };
+    assert_eq!(last.error, "draining");
+    let retry = last.retry.expect("the last refusal's directive");
+    assert_eq!(retry.budget_ms, DRAIN_TIMEOUT.as_millis() as u64);
+    // Every attempt but the first waited one delay, all within the budget.
+    let most = (retry.budget_ms / retry.delay_ms + 1) as usize;
+    assert!(
+        directives.len() >= 2 && directives.len() <= most,
+        "re-sent after each delay until the budget ran out: {} attempts (at most {most})",
+        directives.len()
+    );
+    assert!(directives.iter().all(|d| d == "draining"), "{directives:?}");
+    assert!(support::history(&db, "refused").await.is_empty(), "nothing ran");
 }

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use leasehold_sidecar::client::Client;
+use leasehold_sidecar::{client::Client, turn::directive::Refusal};
 use localcluster::{observer::turn_finished, Cluster, ClusterOptions, Postgres};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -63,9 +63,9 @@ fn post_on_node_a(cluster: &Cluster, key: &str, body: serde_json::Value) -> Join
     })
 }
 
-/// The agent whose only database write of a turn is its checkpoint (tests/support).
-fn hold_agent() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/hold_agent.py")
+/// Whether `node`'s agent is running a turn (the sidecar's in-flight gauge).
+async fn in_flight_on(node: &localcluster::Node) -> bool {
+    node.metric("leasehold_in_flight_turns", "").await >= 1.0
 }
 
 /// A background request's status, body, and when its answer came.
@@ -78,6 +78,16 @@ fn timed(request: JoinHandle<(u16, String)>) -> Answered {
     })
 }
 
+/// The longest a directive-following client's last wait can run past the lease's expiry:
+/// `takeover_pending` waits exactly the remaining TTL (it ends at the expiry), but an
+/// `owner_unreachable` told just before the expiry waits its whole delay after it.
+fn one_directive_delay(ttl: Duration) -> Duration {
+    Duration::from_millis(Refusal::OwnerUnreachable { ttl }.retry().delay_ms)
+}
+
+/// After kill -9 of an owner its sessions are claimable once its node's TTL has passed
+/// (no renewal comes), and a client following the directives is served within the TTL,
+/// one directive delay and [`SLACK`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
     let _serial = support::serial().await;
@@ -87,7 +97,10 @@ async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
     let mut cluster = Cluster::start(&db, options).await.unwrap();
     let client = cluster.client();
     let keys: Vec<String> = (0..5).map(|i| format!("crash-{i}")).collect();
-    for key in &keys {
+    // One more session of node-a's that no client sends to: its view shows when the
+    // lease became claimable, untouched by the takeovers of the others.
+    let idle = "crash-idle";
+    for key in keys.iter().map(String::as_str).chain([idle]) {
         let answer = client
             .post(&format!("/v1/sessions/{key}/turns"), turn("before").to_string().into(), Some(0))
             .await
@@ -106,6 +119,16 @@ async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
             tokio::spawn(async move { (client.turn(&key, &turn("after")).await, key, killed.elapsed()) })
         })
         .collect();
+    let survivor = Client::new(vec![cluster.nodes[1].public_url()]);
+    while survivor.session(idle, 0).await.unwrap()["claimable"] != true {
+        assert!(
+            killed.elapsed() <= ttl + SLACK,
+            "{idle} not claimable {:?} after the kill",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bound = ttl + one_directive_delay(ttl) + SLACK;
     for task in tasks {
         let (answer, key, took) = task.await.unwrap();
         let answer = answer.unwrap_or_else(|e| panic!("{key}: {e}"));
@@ -120,8 +143,7 @@ async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
         for code in &answer.directives {
             assert!(["takeover_pending", "owner_unreachable"].contains(&code.as_str()), "{key}: {code}");
         }
-        let bound = ttl + Duration::from_millis(answer.directives.len() as u64 * 1000) + SLACK;
-        assert!(took <= bound, "{key}: served after {took:?}, bound {bound:?}");
+        assert!(took <= bound, "{key}: served after {took:?}, bound {bound:?} ({:?})", answer.directives);
         assert_eq!(support::history(&db, &key).await, ["before", "after"], "{key}: history intact");
     }
 }
@@ -137,8 +159,9 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
 
     // A long turn starts on node-a; the whole pod freezes in the middle of it.
     let zombie = post_on_node_a(&cluster, key, json!({ "text": "zombie", "think_ms": 1500, "tokens": 5 }));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    support::eventually("the zombie turn runs on node-a", || in_flight_on(a)).await;
     a.pause();
+    // The fault itself, not a wait for something: frozen for longer than the TTL.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
 
     // Another node takes over and serves turns while node-a is frozen.
@@ -154,15 +177,17 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
     assert_ne!(status, 200, "the paused turn must not be acknowledged: {body}");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("\"fenced\""), "{body}");
-    tokio::time::sleep(Duration::from_secs(1)).await; // node-a's heartbeat notices too
+    // node-a's heartbeat notices its lost lease and stands the session down.
+    support::eventually("node-a stood the session down", || async {
+        a.metric("leasehold_stand_downs_total", "").await >= 1.0
+    })
+    .await;
     assert_eq!(
         support::history(&db, key).await,
         ["first", "zombie", "after-1", "after-2"],
         "no write of node-a landed: the new owner resumed the journaled turn once, before the next"
     );
     assert_eq!(support::epoch(&db, key).await, Some(2));
-    let stand_downs = a.metric("leasehold_stand_downs_total", "").await;
-    assert!(stand_downs >= 1.0, "node-a stood the session down");
     // The next turn anywhere continues the new owner's history.
     let answer = cluster
         .client()
@@ -174,20 +199,31 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
 
 /// A turn forwarded to an owner that freezes (its kernel still accepts the connection)
 /// ends with `502 owner_failed` once the owner's lease lapses — not after the forward's
-/// response timeout (minutes) — and the session is then taken over; nothing of the frozen
-/// owner lands.
+/// response timeout (minutes) — and the session is then taken over; the frozen owner's
+/// agent is never sent the turn (its record of received turns shows it), even after it
+/// wakes, and nothing of it lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let (cluster, ttl) = short_leases(&db).await;
+    let record = tempfile::tempdir().unwrap();
+    let options = ClusterOptions {
+        agent_command: support::recording_hold_agent(record.path()),
+        ..short_lease_options()
+    };
+    let ttl = options.lease_ttl;
+    let cluster = Cluster::start(&db, options).await.unwrap();
     let key = "frozen";
+    let turns = format!("/sessions/{key}/turns");
     turn_on_node_a(&cluster, key, "first").await;
+    let a = &cluster.nodes[0];
 
-    cluster.nodes[0].pause();
+    a.pause();
     let started = Instant::now();
     let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
-    let answer = others.turn(key, &turn("into the freeze")).await.unwrap();
+    // The lost answer itself is under test: no re-send.
+    let raw = Client::new(others.nodes().to_vec()).without_resends();
+    let answer = raw.turn(key, &turn("into the freeze")).await.unwrap();
     let waited = started.elapsed();
     assert_eq!(answer.status, 502, "{:?}", answer.json());
     assert_eq!(answer.json().unwrap()["error"], "owner_failed");
@@ -195,11 +231,30 @@ async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
     // Bounded by the lease (plus a check and scheduling), far below the 300 s timeout.
     assert!(waited < ttl * 3 + SLACK, "waited {waited:?}");
 
-    // The next turn is taken over by a node that is awake; the frozen owner's turn never ran.
+    // The next turn is taken over by a node that is awake.
     let answer = others.turn(key, &turn("after")).await.unwrap();
     assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
-    cluster.nodes[0].resume();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let new_owner = cluster.node(answer.owner.as_deref().unwrap());
+    a.resume();
+    // node-a wakes with the forwarded request in its socket: it finds its lease lost
+    // (stands the session down) and is ready again; only then is its record judged.
+    support::eventually("node-a stood the session down after waking", || async {
+        a.metric("leasehold_stand_downs_total", "").await >= 1.0
+    })
+    .await;
+    support::eventually("node-a ready again", || async {
+        reqwest::get(format!("{}/readyz", a.admin_url())).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    let texts = |node| -> Vec<String> {
+        support::received(record.path(), node, &turns)
+            .iter()
+            .map(|r| serde_json::from_str::<serde_json::Value>(r["body"].as_str().unwrap()).unwrap())
+            .map(|body| body["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(texts(a), ["first"], "the frozen owner's agent never got the turn sent into the freeze");
+    assert_eq!(texts(new_owner), ["after"], "the new owner's agent ran only the next turn");
     assert_eq!(support::history(&db, key).await, ["first", "after"]);
 }
 
@@ -210,7 +265,8 @@ async fn a_turn_forwarded_to_a_frozen_owner_fails_when_its_lease_lapses() {
 async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let options = ClusterOptions { agent_command: Some((hold_agent(), Vec::new())), ..short_lease_options() };
+    let options =
+        ClusterOptions { agent_command: Some((support::hold_agent(), Vec::new())), ..short_lease_options() };
     let ttl = options.lease_ttl;
     let cluster = Cluster::start(&db, options).await.unwrap();
     let key = "landed";
@@ -218,8 +274,12 @@ async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
 
     // The agent checkpoints at once, then holds its answer for 6 s; the sidecar freezes.
     let held = post_on_node_a(&cluster, key, json!({ "text": "landed", "hold_ms": 6000 }));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    support::eventually("the held turn's checkpoint landed", || async {
+        support::history(&db, key).await == ["first", "landed"]
+    })
+    .await;
     cluster.nodes[0].sidecar.pause();
+    // The fault itself, not a wait for something: frozen for longer than the TTL.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
     let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
     let answer = others.turn(key, &turn("after")).await.unwrap();
@@ -232,8 +292,11 @@ async fn a_turn_whose_write_landed_before_a_freeze_is_not_retried() {
     assert_eq!(support::history(&db, key).await, ["first", "landed", "after"]);
 }
 
+/// The lease store stops: every node refuses turns with a `store_unavailable` directive
+/// and is not ready, while `/healthz` stays 200 (a liveness probe must not restart a pod
+/// for the database's outage); the same processes serve again when it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
+async fn a_store_outage_refuses_with_a_directive_keeps_healthz_and_service_resumes_after() {
     let _serial = support::serial().await;
     let pg = Postgres::start().unwrap();
     let mut cluster = Cluster::start(pg.url(), ClusterOptions::default()).await.unwrap();
@@ -242,9 +305,16 @@ async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
     assert_eq!(ok.status, 200);
 
     pg.stop().unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await; // a few failed heartbeats
     let http = reqwest::Client::new();
     for node in &cluster.nodes {
+        // A few failed heartbeats: the node stops being ready, and stays alive.
+        support::eventually(&format!("{} not ready while the store is down", node.name), || async {
+            let ready = http.get(format!("{}/readyz", node.admin_url())).send().await;
+            ready.is_ok_and(|r| r.status() == 503)
+        })
+        .await;
+        let health = http.get(format!("{}/healthz", node.admin_url())).send().await.unwrap();
+        assert_eq!(health.status(), 200, "{}: /healthz never depends on the database", node.name);
         let response = http
             .post(format!("{}/v1/sessions/{key}/turns", node.public_url()))
             .body(turn("during").to_string())
@@ -258,6 +328,8 @@ async fn a_store_outage_refuses_with_a_directive_and_service_resumes_after() {
         assert!(body["retry"]["delay_ms"].as_u64().unwrap() > 0);
         let ready = http.get(format!("{}/readyz", node.admin_url())).send().await.unwrap();
         assert_eq!(ready.status(), 503, "{} not ready while the store is down", node.name);
+        let health = http.get(format!("{}/healthz", node.admin_url())).send().await.unwrap();
+        assert_eq!(health.status(), 200, "{}: still alive after a refused turn", node.name);
     }
 
     pg.restart().unwrap();
@@ -309,8 +381,9 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
     let _serial = support::serial().await;
     let db = support::database().await;
     let link = localcluster::Link::to_database(&db).await.unwrap();
+    let record = tempfile::tempdir().unwrap();
     let options = ClusterOptions {
-        agent_command: Some((hold_agent(), Vec::new())),
+        agent_command: support::recording_hold_agent(record.path()),
         database_urls: vec![Some(link.database_url(&db))],
         ..short_lease_options()
     };
@@ -324,7 +397,15 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
     // node lease stopped being certainly live.
     let held = timed(post_on_node_a(&cluster, writing, json!({ "text": "held", "think_ms": 800 })));
     let halted = timed(post_on_node_a(&cluster, thinking, json!({ "text": "halted", "think_ms": 4000 })));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let thawed = |key: &str| {
+        let node = &cluster.nodes[0];
+        support::agent_record(record.path(), node).iter().filter(|r| r["thawed"] == key).count() >= 2
+    };
+    support::eventually("both turns thawed on node-a", || {
+        let both = thawed(writing) && thawed(thinking);
+        async move { both }
+    })
+    .await;
     link.cut();
     let cut = Instant::now();
     let direct = timed(post_on_node_a(&cluster, "cut-new", turn("direct")));
@@ -370,11 +451,12 @@ async fn an_owner_cut_off_from_the_store_steps_back_before_a_takeover_and_its_la
     // The partition heals: the held checkpoint (epoch 1) arrives after the takeover.
     link.mend();
     cluster.nodes[0].wait_ready().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    support::eventually("the held checkpoint arrived and the fence refused it", || async {
+        cluster.nodes[0].metric("leasehold_fenced_writes_total", "").await >= 1.0
+    })
+    .await;
     // The held turn's own checkpoint was fenced; the new owner resumed the journaled turn.
     assert_eq!(support::history(&db, writing).await, ["first", "held", "after"], "the late write was fenced");
-    let fenced = cluster.nodes[0].metric("leasehold_fenced_writes_total", "").await;
-    assert!(fenced >= 1.0, "the held checkpoint arrived and the fence refused it: {fenced}");
     assert_eq!(support::history(&db, thinking).await, ["first", "halted", "after"], "resumed once");
     let lapsed = cluster.nodes[0].metric("leasehold_stand_downs_total", "reason=\"lapsed\"").await;
     assert!(lapsed >= 2.0, "node-a stood both sessions down when its lease lapsed: {lapsed}");
@@ -404,7 +486,14 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
         turn_on_node_a(&cluster, key, "before").await;
     }
     let running = post_on_node_a(&cluster, keys[0], json!({ "text": "cut", "think_ms": 3000, "tokens": 3 }));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The agent has it (its fourth turn): counted in flight is not enough, a turn is
+    // counted while it is journaled, before its dispatch.
+    let stats = format!("{}/stats", cluster.nodes[0].agent_url());
+    support::eventually("the turn runs on node-a's agent", || async {
+        let stats: serde_json::Value = reqwest::get(&stats).await.unwrap().json().await.unwrap();
+        stats["turns"].as_u64() >= Some(4)
+    })
+    .await;
     cluster.nodes[0].agent.kill9();
     let crashed = Instant::now();
     let (status, body) = running.await.unwrap();
@@ -683,8 +772,11 @@ async fn a_publish_frozen_between_fence_and_fan_out_never_reaches_an_observer() 
 async fn an_agents_own_401_and_503_pass_through_a_forwarding_pod_unchanged() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let options =
-        ClusterOptions { nodes: 2, agent_command: Some((hold_agent(), Vec::new())), ..long_lease_options() };
+    let options = ClusterOptions {
+        nodes: 2,
+        agent_command: Some((support::hold_agent(), Vec::new())),
+        ..long_lease_options()
+    };
     let cluster = Cluster::start(&db, options).await.unwrap();
     turn_on_node_a(&cluster, "agent-says", "first").await;
     let via_b = format!("{}/v1/sessions/agent-says/turns", cluster.nodes[1].public_url());
@@ -701,4 +793,88 @@ async fn an_agents_own_401_and_503_pass_through_a_forwarding_pod_unchanged() {
         assert_eq!(body, json!({ "error": "from_the_agent", "status": status }));
     }
     assert_eq!(cluster.nodes[1].metric("leasehold_peer_rejections_total", "").await, 0.0);
+}
+
+/// A loopback port that accepts no connection: a listener whose accept queue is full and
+/// never drained, so the kernel drops further SYNs and a connect hangs until its timeout
+/// (a pod whose peer port does not answer, without a firewall). Keep both values alive.
+async fn unanswering_port() -> (std::net::SocketAddr, tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    // Fill the accept queue; the connects that would not fit time out here.
+    for _ in 0..4 {
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await
+        {
+            queued.push(stream);
+        }
+    }
+    (addr, listener, queued)
+}
+
+/// A loopback port nothing listens on: connections are refused.
+fn refusing_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// CONTRACT §7 forward outcomes: the owner is unreachable before the request is sent, the
+/// re-claim names another live owner, and that one is unreachable too: `503
+/// owner_unreachable` with its directive, nothing run. Forced: node-a advertises a peer
+/// address that never answers a connect (so node-b's first hop waits out its connect
+/// timeout), node-c one that refuses; while node-b's first hop waits, node-a is revoked
+/// (as the operator does) and node-c takes the session over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_unreachable_hop_is_refused_owner_unreachable_with_a_directive() {
+    use sqlx::Connection;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let (silent, _listener, _queued) = unanswering_port().await;
+    let advertise =
+        |addr: std::net::SocketAddr| vec![("LEASEHOLD_ADVERTISE_PEER_ADDR".to_owned(), addr.to_string())];
+    let options = ClusterOptions {
+        sidecar_env: vec![advertise(silent), Vec::new(), advertise(refusing_port())],
+        ..long_lease_options()
+    };
+    let ttl = options.lease_ttl;
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "twice-unreachable";
+    turn_on_node_a(&cluster, key, "first").await;
+    let (b, c) = (&cluster.nodes[1], &cluster.nodes[2]);
+
+    let held_before = b.metric("leasehold_resolutions_total", "outcome=\"held\"").await;
+    let via_b = tokio::spawn({
+        let url = format!("{}/v1/sessions/{key}/turns", b.public_url());
+        async move {
+            let response =
+                reqwest::Client::new().post(url).body(turn("lost").to_string()).send().await.unwrap();
+            let retry_after = response.headers().get("retry-after").cloned();
+            (response.status().as_u16(), retry_after, response.json::<serde_json::Value>().await.unwrap())
+        }
+    });
+    // node-b has resolved node-a as the holder: its hop is now waiting to connect.
+    support::eventually("node-b resolved node-a as the holder", || async {
+        b.metric("leasehold_resolutions_total", "outcome=\"held\"").await > held_before
+    })
+    .await;
+    let mut conn = sqlx::PgConnection::connect(&db).await.unwrap();
+    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = 'node-a' AND expires_at > now()")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let taken = Client::new(vec![c.public_url()]).turn(key, &turn("taken")).await.unwrap();
+    assert_eq!((taken.status, taken.owner.as_deref(), taken.epoch), (200, Some("node-c"), Some(2)));
+
+    let (status, retry_after, body) = via_b.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "owner_unreachable", "{body}");
+    let expected = Refusal::OwnerUnreachable { ttl }.retry();
+    assert_eq!(body["retry"]["delay_ms"], expected.delay_ms, "{body}");
+    assert_eq!(body["retry"]["budget_ms"], expected.budget_ms, "{body}");
+    assert!(retry_after.is_some(), "a Retry-After header");
+    let counted = b.metric("leasehold_turns_total", "outcome=\"owner_unreachable\"").await;
+    assert_eq!(counted, 1.0, "node-b counted the refusal");
+    assert_eq!(support::history(&db, key).await, ["first", "taken"], "the refused turn ran nowhere");
 }

@@ -474,3 +474,114 @@ async fn metrics_come_in_the_format_asked_for() {
         "{text}"
     );
 }
+
+/// Two nodes whose agents are the recording hold agent (what each agent was sent is in
+/// `record`); `key` owned by node-a at epoch 1 after a turn "first".
+async fn recorded_pair(db: &str, record: &std::path::Path, key: &str) -> Cluster {
+    let options = ClusterOptions {
+        nodes: 2,
+        agent_command: support::recording_hold_agent(record),
+        ..Default::default()
+    };
+    let cluster = Cluster::start(db, options).await.unwrap();
+    let (client, path) = (cluster.client(), format!("/v1/sessions/{key}/turns"));
+    let answer = client.post(&path, r#"{"text":"first"}"#.into(), Some(0)).await.unwrap();
+    assert_eq!((answer.status, answer.owner.as_deref()), (200, Some("node-a")), "{:?}", answer.json());
+    cluster
+}
+
+/// CONTRACT §3 `POST /v1/sessions/{key}/events`: routed like a turn and dispatched to the
+/// agent's `/sessions/{key}/events`, body and content type unchanged, whether sent to the
+/// owner or forwarded by another node; with the epoch and a turn id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_reaches_the_agent_with_its_content_type_locally_and_across_the_hop() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let record = tempfile::tempdir().unwrap();
+    let key = "evented";
+    let cluster = recorded_pair(&db, record.path(), key).await;
+    let http = reqwest::Client::new();
+    let sent = [
+        (0, "text/plain; charset=utf-8", "a webhook said hello"),
+        (1, "application/cloudevents+json", r#"{"specversion":"1.0","type":"job.done"}"#),
+    ];
+    for (node, content_type, body) in sent {
+        let response = http
+            .post(format!("{}/v1/sessions/{key}/events", cluster.nodes[node].public_url()))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "sent to node {node}");
+        assert_eq!(response.headers()["leasehold-owner"], "node-a");
+    }
+    let got = support::received(record.path(), &cluster.nodes[0], &format!("/sessions/{key}/events"));
+    assert_eq!(got.len(), 2, "both events reached the owner's agent: {got:?}");
+    for (recorded, (_, content_type, body)) in got.iter().zip(sent) {
+        assert_eq!(recorded["content_type"], content_type, "{recorded}");
+        assert_eq!(recorded["body"], body, "{recorded}");
+        assert_eq!(recorded["epoch"], "1", "{recorded}");
+        assert!(uuid::Uuid::parse_str(recorded["turn_id"].as_str().unwrap_or("")).is_ok(), "{recorded}");
+    }
+    let on_b = support::received(record.path(), &cluster.nodes[1], &format!("/sessions/{key}/events"));
+    assert!(on_b.is_empty(), "node-b's agent got nothing: {on_b:?}");
+}
+
+/// CONTRACT §4 and §5: every turn reaches the agent with `Leasehold-Turn-Id` (the
+/// caller's when it sent a valid one, the same on every attempt; else a new UUID per turn)
+/// and `Leasehold-Epoch`; the agent's thaw gets `Leasehold-Checkpoint-Epoch`, the epoch
+/// the checkpoint was written at, also after the session moved to another epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_reach_the_agent_with_a_turn_id_and_the_thaw_sees_the_checkpoint_epoch() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let record = tempfile::tempdir().unwrap();
+    let key = "identified";
+    let cluster = recorded_pair(&db, record.path(), key).await;
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let http = reqwest::Client::new();
+    let post = |node: &Node, text: &str, turn_id: Option<&str>| {
+        let mut request = http
+            .post(format!("{}/v1/sessions/{key}/turns", node.public_url()))
+            .body(json!({ "text": text }).to_string());
+        if let Some(id) = turn_id {
+            request = request.header("leasehold-turn-id", id);
+        }
+        request.send()
+    };
+    let given = uuid::Uuid::new_v4().to_string();
+    assert_eq!(post(b, "given id", Some(&given)).await.unwrap().status(), 200, "forwarded to node-a");
+    assert_eq!(post(a, "no id", None).await.unwrap().status(), 200);
+    // node-a hands the session back; node-b takes it over at epoch 2 and thaws epoch 1's
+    // checkpoint, then its own.
+    a.drain().await;
+    for text in ["moved", "moved again"] {
+        let response = post(b, text, None).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["leasehold-epoch"], "2");
+    }
+
+    let turns = format!("/sessions/{key}/turns");
+    let ids = |node: &Node| -> Vec<String> {
+        let got = support::received(record.path(), node, &turns);
+        got.iter().map(|r| r["turn_id"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+    let (on_a, on_b) = (ids(a), ids(b));
+    assert_eq!((on_a.len(), on_b.len()), (3, 2), "first, given id, no id on node-a; two on node-b");
+    assert_eq!(on_a[1], given, "the caller's turn id reaches the agent across the hop");
+    let all: BTreeSet<&String> = on_a.iter().chain(&on_b).collect();
+    assert_eq!(all.len(), 5, "a new id for every turn without one: {on_a:?} {on_b:?}");
+    assert!(all.iter().all(|id| uuid::Uuid::parse_str(id).is_ok()), "{all:?}");
+    let epochs: Vec<serde_json::Value> =
+        support::received(record.path(), b, &turns).iter().map(|r| r["epoch"].clone()).collect();
+    assert_eq!(epochs, ["2", "2"]);
+
+    let thaws = |node: &Node| -> Vec<serde_json::Value> {
+        let record = support::agent_record(record.path(), node);
+        record.iter().filter(|r| r["thawed"] == key).map(|r| r["checkpoint_epoch"].clone()).collect()
+    };
+    assert_eq!(thaws(a), [json!(null), json!("1"), json!("1")], "none yet, then epoch 1's");
+    assert_eq!(thaws(b), [json!("1"), json!("2")], "the checkpoint of epoch 1, then its own");
+    assert_eq!(support::history(&db, key).await, ["first", "given id", "no id", "moved", "moved again"]);
+}

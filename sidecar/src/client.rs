@@ -1,8 +1,10 @@
 //! A small client of the public API that honours retry directives (CONTRACT §3): on a
-//! `503` with a directive it re-sends after `delay_ms` and gives up after `budget_ms`;
-//! without a directive it surfaces the answer and never invents a retry. A node that
-//! refuses the connection never saw the request, so the next node is tried, as a load
-//! balancer would.
+//! `503` with a directive it re-sends after `delay_ms` and gives up after `budget_ms`. A
+//! node that refuses the connection never saw the request, so the next node is tried, as
+//! a load balancer would. Every turn carries an `Idempotency-Key` (the same on every
+//! attempt), so an answer lost on the way (`502 owner_failed`, a connection broken after
+//! sending) is safely asked for again, a few times ([`RESENDS`]): the journal runs the
+//! turn once and answers every attempt with the one answer.
 
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
@@ -20,6 +22,13 @@ use leasehold_core::{
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Generous bound on one attempt: long turns are normal; a hung one is surfaced.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Re-sends of a turn whose answer was lost: enough for an owner's failure and the next
+/// owner's resume; a fault that outlasts them is surfaced.
+pub const RESENDS: u32 = 3;
+/// Pause before a re-send (no directive says how long): about one resume's claim.
+const RESEND_PAUSE: Duration = Duration::from_millis(200);
+/// How a re-send is listed among an answer's directives.
+pub const RESENT: &str = "resent";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -40,6 +49,7 @@ pub struct Client {
     http: reqwest::Client,
     nodes: Vec<String>,
     next: AtomicUsize,
+    resends: u32,
 }
 
 impl Client {
@@ -50,7 +60,14 @@ impl Client {
             .timeout(REQUEST_TIMEOUT)
             .build()
             .expect("static client configuration");
-        Client { http, nodes, next: AtomicUsize::new(0) }
+        Client { http, nodes, next: AtomicUsize::new(0), resends: RESENDS }
+    }
+
+    /// Surface a lost answer (`502 owner_failed`, a broken connection) at once instead of
+    /// re-sending: for tests of those answers themselves.
+    pub fn without_resends(mut self) -> Self {
+        self.resends = 0;
+        self
     }
 
     pub fn nodes(&self) -> &[String] {
@@ -69,12 +86,26 @@ impl Client {
 
     /// POST to `path`, starting at node `first` (or round-robin when `None`).
     pub async fn post(&self, path: &str, body: Bytes, first: Option<usize>) -> Result<Answer, ClientError> {
+        self.post_keyed(path, body, first, None).await
+    }
+
+    /// [`Client::post`] with the caller's idempotency key (else a new one per call): a
+    /// caller that lost this client's answer may send the same turn again safely.
+    pub async fn post_keyed(
+        &self,
+        path: &str,
+        body: Bytes,
+        first: Option<usize>,
+        key: Option<&str>,
+    ) -> Result<Answer, ClientError> {
         let mut obeying = Obeying::default();
         let mut not_reached = Vec::new();
         let mut node = first.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % self.nodes.len();
         let mut refused_connections = 0;
-        // One id for every attempt: an agent can tell a re-sent turn from a new one.
-        let turn_id = uuid::Uuid::new_v4().to_string();
+        let mut resends_left = self.resends;
+        // One id for every attempt, sent as the idempotency key: however often it is sent,
+        // the turn runs once.
+        let turn_id = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
         loop {
             let url = format!("{}{path}", self.nodes[node]);
             let sent = self
@@ -82,6 +113,7 @@ impl Client {
                 .post(url)
                 .header("content-type", "application/json")
                 .header(headers::TURN_ID, &turn_id)
+                .header(headers::IDEMPOTENCY_KEY, &turn_id)
                 .body(body.clone())
                 .send()
                 .await;
@@ -94,6 +126,13 @@ impl Client {
                     continue;
                 }
                 Err(e) if e.is_connect() => return Err(ClientError::Unreachable(e)),
+                Err(_) if resends_left > 0 => {
+                    resends_left -= 1;
+                    obeying.directives.push(RESENT.to_owned());
+                    tokio::time::sleep(RESEND_PAUSE).await;
+                    node = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
+                    continue;
+                }
                 Err(e) => return Err(ClientError::Http(e)),
             };
             refused_connections = 0;
@@ -101,7 +140,23 @@ impl Client {
             let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
             let (owner, epoch) =
                 (header(headers::OWNER), header(headers::EPOCH).and_then(|e| e.parse().ok()));
-            let body = response.bytes().await.map_err(ClientError::Http)?;
+            let body = match response.bytes().await {
+                Ok(body) => body,
+                Err(_) if resends_left > 0 => {
+                    resends_left -= 1;
+                    obeying.directives.push(RESENT.to_owned());
+                    tokio::time::sleep(RESEND_PAUSE).await;
+                    continue;
+                }
+                Err(e) => return Err(ClientError::Http(e)),
+            };
+            if status == 502 && resends_left > 0 && is_owner_failed(&body) {
+                resends_left -= 1;
+                obeying.directives.push(RESENT.to_owned());
+                tokio::time::sleep(RESEND_PAUSE).await;
+                node = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
+                continue;
+            }
             let Some(refusal) = directive_in(status, &body) else {
                 let (directives, answered_by) = (obeying.directives, self.nodes[node].clone());
                 return Ok(Answer { status, owner, epoch, body, directives, answered_by, not_reached });
@@ -122,6 +177,11 @@ impl Client {
     }
 }
 
+/// `{"error":"owner_failed"}`: the turn may have run, its answer was lost.
+fn is_owner_failed(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["error"] == "owner_failed")
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -130,24 +190,25 @@ mod tests {
 
     use super::*;
 
-    /// Refuses the first request with a `draining` directive, answers the next; records
-    /// the turn id of each.
-    async fn refuse_once() -> (String, Arc<Mutex<Vec<String>>>) {
+    /// Answers the first request `first` (status and body), every later one `200`;
+    /// records the value of `header` on each.
+    async fn first_answer(
+        first: (axum::http::StatusCode, &'static str),
+        header: http::HeaderName,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let app = Router::new().route(
             "/v1/sessions/{key}/turns",
             post(move |headers: HeaderMap| {
-                let log = log.clone();
+                let (log, header) = (log.clone(), header.clone());
                 async move {
-                    let id = headers.get(&headers::TURN_ID).map(|v| v.to_str().unwrap().to_owned());
+                    let value = headers.get(&header).map(|v| v.to_str().unwrap().to_owned());
                     let mut log = log.lock().unwrap();
-                    log.push(id.unwrap_or_default());
-                    if log.len() == 1 {
-                        let body = r#"{"error":"draining","retry":{"delay_ms":1,"budget_ms":5000}}"#;
-                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body)
-                    } else {
-                        (axum::http::StatusCode::OK, "{}")
+                    log.push(value.unwrap_or_default());
+                    match log.len() {
+                        1 => first,
+                        _ => (axum::http::StatusCode::OK, "{}"),
                     }
                 }
             }),
@@ -156,6 +217,31 @@ mod tests {
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         (url, seen)
+    }
+
+    async fn refuse_once() -> (String, Arc<Mutex<Vec<String>>>) {
+        let draining = r#"{"error":"draining","retry":{"delay_ms":1,"budget_ms":5000}}"#;
+        first_answer((axum::http::StatusCode::SERVICE_UNAVAILABLE, draining), headers::TURN_ID).await
+    }
+
+    async fn fail_once() -> (String, Arc<Mutex<Vec<String>>>) {
+        let failed = r#"{"error":"owner_failed"}"#;
+        first_answer((axum::http::StatusCode::BAD_GATEWAY, failed), headers::IDEMPOTENCY_KEY).await
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_is_asked_for_again_with_the_same_key() {
+        let (url, seen) = fail_once().await;
+        let answer = Client::new(vec![url.clone()]).turn("k", &serde_json::json!({})).await.unwrap();
+        assert_eq!((answer.status, answer.directives.clone()), (200, vec![RESENT.to_owned()]));
+        let keys = seen.lock().unwrap().clone();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0], keys[1], "the re-send carries the first attempt's key");
+        assert!(!keys[0].is_empty());
+
+        let (url, _) = fail_once().await;
+        let raw = Client::new(vec![url]).without_resends().turn("k", &serde_json::json!({})).await.unwrap();
+        assert_eq!(raw.status, 502, "surfaced when re-sends are off");
     }
 
     #[tokio::test]

@@ -62,24 +62,28 @@ pub async fn boot(store: &LeaseStore, node: &str, ttl: Duration) -> Owner {
 /// How long a test waits for a statement to block on a lock before failing.
 const LOCK_WAIT_WITHIN: Duration = Duration::from_secs(10);
 
-/// Wait until some backend's statement that mentions `table` is waiting on a lock (so a
-/// test knows the statement has started and is blocked, rather than sleeping and hoping).
-pub async fn wait_for_lock_wait(store: &LeaseStore, table: &str) {
+/// The server process of `conn`, to watch that very connection in `pg_stat_activity`.
+pub async fn backend_pid(conn: &mut PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(conn).await.expect("read pg_backend_pid()")
+}
+
+/// Wait until the backend `pid` (a connection whose [`backend_pid`] was read before it
+/// issued its statement) is waiting on a lock: the statement has started and is blocked,
+/// rather than not yet sent. Fails after [`LOCK_WAIT_WITHIN`].
+pub async fn wait_for_lock_wait(store: &LeaseStore, pid: i32) {
     let deadline = tokio::time::Instant::now() + LOCK_WAIT_WITHIN;
-    let pattern = format!("%{table}%");
     loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE $1 AND pid <> pg_backend_pid()",
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')",
         )
-        .bind(&pattern)
+        .bind(pid)
         .fetch_one(store.pool())
         .await
         .expect("read pg_stat_activity");
-        if waiting > 0 {
+        if waiting {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no statement on {table} waited for a lock");
+        assert!(tokio::time::Instant::now() < deadline, "backend {pid} never waited for a lock");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -6,10 +6,17 @@ database write of a turn is its checkpoint. A resumed turn (`Leasehold-Resume`) 
 interrupted attempt's checkpoint already landed (the checkpoint names the turn) is not
 applied again: it only answers. A turn with `status` is answered that status
 at once (an agent's own 401 or 503), with nothing written. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
-on the same IP, port 18082)."""
+on the same IP, port 18082).
+
+With HOLD_AGENT_RECORD_DIR set, it keeps a record of what it was sent, one JSON line per
+happening in <dir>/<ip>.jsonl, so a test can see what reached this pod's agent:
+  {"got": "<path>", "content_type", "epoch", "turn_id", "body"}   on receipt of any POST;
+  {"thawed": "<key>", "checkpoint_epoch"}                         after a thaw (null: 404)."""
 import http.server
 import json
+import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +24,15 @@ import urllib.request
 listen = sys.argv[sys.argv.index("--listen") + 1]
 host, port = listen.rsplit(":", 1)
 sidecar = f"http://{host}:18082"
+record_dir = os.environ.get("HOLD_AGENT_RECORD_DIR")
+record_lock = threading.Lock()
+
+
+def record(entry):
+    if not record_dir:
+        return
+    with record_lock, open(os.path.join(record_dir, f"{host}.jsonl"), "a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 class Agent(http.server.BaseHTTPRequestHandler):
@@ -33,6 +49,15 @@ class Agent(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        record(
+            {
+                "got": self.path,
+                "content_type": self.headers.get("content-type"),
+                "epoch": self.headers.get("leasehold-epoch"),
+                "turn_id": self.headers.get("leasehold-turn-id"),
+                "body": raw.decode("utf-8", "replace"),
+            }
+        )
         parts = self.path.strip("/").split("/")  # sessions/{key}/turns
         if len(parts) != 3 or parts[2] != "turns":
             return self.answer(200, {})  # stand-down and the rest: nothing to hold
@@ -43,12 +68,14 @@ class Agent(http.server.BaseHTTPRequestHandler):
         url = f"{sidecar}/v1/sessions/{key}/checkpoint"
         try:
             with urllib.request.urlopen(url) as r:
+                checkpoint_epoch = r.headers.get("leasehold-checkpoint-epoch")
                 history = json.load(r)["history"]
                 written_by = r.headers.get("leasehold-checkpoint-turn")
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 return self.answer(502, {"error": "thaw_failed"})
-            history, written_by = [], None
+            checkpoint_epoch, history, written_by = None, [], None
+        record({"thawed": key, "checkpoint_epoch": checkpoint_epoch})
         resumed = self.headers.get("leasehold-resume")
         if resumed is not None and resumed == written_by:  # applied before the interruption
             return self.answer(200, {"history_len": len(history), "epoch": int(epoch)})

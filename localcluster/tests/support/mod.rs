@@ -39,3 +39,58 @@ pub async fn epoch(database_url: &str, key: &str) -> Option<i64> {
         .await
         .expect("read lease")
 }
+
+/// How long a test waits for a condition it synchronises on (an event, a metric, a
+/// history row, readiness) before failing: generous, as other tests' clusters share the
+/// two cores.
+pub const CONDITION_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Wait until `check` holds, polling; fails the test with `what` after [`CONDITION_WITHIN`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + CONDITION_WITHIN;
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "not within {CONDITION_WITHIN:?}: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The agent whose only database write of a turn is its checkpoint (`hold_agent.py`).
+pub fn hold_agent() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/hold_agent.py")
+}
+
+/// The hold agent, keeping a record of what each pod's agent was sent in `dir` (read it
+/// with [`agent_record`]): for `ClusterOptions::agent_command`.
+pub fn recording_hold_agent(dir: &std::path::Path) -> Option<(std::path::PathBuf, Vec<(String, String)>)> {
+    let env = vec![("HOLD_AGENT_RECORD_DIR".to_owned(), dir.display().to_string())];
+    Some((hold_agent(), env))
+}
+
+/// What the recording hold agent of `node` has recorded so far, in order.
+pub fn agent_record(dir: &std::path::Path, node: &localcluster::Node) -> Vec<serde_json::Value> {
+    let path = dir.join(format!("{}.jsonl", node.ip));
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(|line| serde_json::from_str(line).expect("a record line is JSON")).collect()
+}
+
+/// The requests `node`'s recording agent received on `path` (e.g. `/sessions/k/turns`).
+pub fn received(dir: &std::path::Path, node: &localcluster::Node, path: &str) -> Vec<serde_json::Value> {
+    agent_record(dir, node).into_iter().filter(|r| r["got"] == path).collect()
+}
+
+/// Ids as (epoch, seq), asserting they strictly increase.
+pub fn strictly_increasing(ids: &[String]) -> Vec<(i64, u64)> {
+    let parsed: Vec<(i64, u64)> = ids
+        .iter()
+        .map(|id| {
+            let (e, s) = id.split_once('-').unwrap();
+            (e.parse().unwrap(), s.parse().unwrap())
+        })
+        .collect();
+    assert!(parsed.windows(2).all(|w| w[0] < w[1]), "ids must strictly increase: {ids:?}");
+    parsed
+}
