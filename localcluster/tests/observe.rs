@@ -361,7 +361,7 @@ async fn last_event_id_of_a_dead_owners_epoch_replays_the_rest_from_the_journal(
     for (name, observer) in [("owner", &mut on_owner), ("follower", &mut on_other)] {
         observer.until(WAIT, turn_finished(3)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(
-            strictly_increasing(&observer.ids()),
+            support::strictly_increasing(&observer.ids()),
             expected,
             "{name}: the rest of epoch 1 (journal), epoch 2 so far (memory), the rest live; {:?}",
             observer.seen
@@ -395,7 +395,7 @@ async fn ten_thousand_journaled_events_replay_to_a_late_observer() {
     let took = started.elapsed();
     eprintln!("10 000 journaled events replayed to a late observer in {took:?}");
     assert!(took < REPLAY_BOUND, "replay took {took:?}");
-    assert_eq!(strictly_increasing(&late.ids()), run(1, 1..=10_000));
+    assert_eq!(support::strictly_increasing(&late.ids()), run(1, 1..=10_000));
     let overflow = late.until(WAIT, |f| f.id.is_none() && f.event.as_deref() != Some("idle")).await.unwrap();
     assert_eq!(overflow.event.as_deref(), Some("overflow"), "{overflow:?}");
     let data: serde_json::Value = serde_json::from_str(&overflow.data).unwrap();
@@ -404,7 +404,7 @@ async fn ten_thousand_journaled_events_replay_to_a_late_observer() {
 
     let mut resumed = Observer::open(&stream_url(&cluster, 1, key), Some("1-10000")).await.unwrap();
     resumed.until(WAIT, turn_finished(1)).await.unwrap();
-    assert_eq!(strictly_increasing(&resumed.ids()), run(1, 10_001..=10_002));
+    assert_eq!(support::strictly_increasing(&resumed.ids()), run(1, 10_001..=10_002));
 }
 
 /// The journal cannot be read (node-b is cut off from the store) when an observer resumes
@@ -439,7 +439,7 @@ async fn a_store_outage_during_the_journal_read_serves_memory_and_says_what_is_m
     assert_eq!(data["missed"], oldest_kept - 2);
     assert_eq!(data["reason"], "store_unavailable");
     resumed.until(WAIT, turn_finished(1)).await.unwrap();
-    assert_eq!(strictly_increasing(&resumed.ids()), run(1, oldest_kept..=1102), "memory, all of it");
+    assert_eq!(support::strictly_increasing(&resumed.ids()), run(1, oldest_kept..=1102), "memory, all of it");
     link.mend();
     // Live goes on (node-a owns the session and its store link is whole).
     turn_at(&cluster, 0, key, json!({ "text": "more", "tokens": 1 })).await;
