@@ -955,7 +955,8 @@ async fn scale_down_least_loaded() {
 ///   and takes it over at epoch 2 (its claim notifies). A's turn must answer `fenced`
 ///   (halted by the notification, or rejected by the fence at its next write, or
 ///   stood down by A's heartbeat finding its node lease gone: every path is `fenced`)
-///   and nothing of it reaches the history.
+///   and nothing of A's attempt reaches the history; the turn was journaled before its
+///   dispatch, so B resumes it once (its own attempt) before it serves the next turn.
 /// - pure zombie: B owns S at epoch 2 and serves it from its fast path. The lease is
 ///   moved to C at epoch 3 exactly as C's takeover writes it, but without any
 ///   notification, and B's own node lease stays live, so nothing but the database
@@ -998,7 +999,9 @@ async fn fence_canary() {
     let body = stale.json().expect("a JSON refusal");
     assert_eq!(body["error"], "fenced", "{body}");
     assert!(body["retry"]["delay_ms"].is_u64(), "with a retry directive: {body}");
-    assert_eq!(db.history(&key).await, ["t1", "t3"], "nothing of A's stale turn was checkpointed");
+    // Nothing of A's attempt landed; the turn itself was accepted (journaled), so B, the
+    // next owner, resumed it once before serving t3.
+    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3"], "A's stale attempt fenced, the turn resumed once by B");
     assert_eq!(db.checkpoint_epoch(&key).await, Some(2));
 
     // Pure zombie: only the database fence stands between B and the history.
@@ -1011,14 +1014,14 @@ async fn fence_canary() {
     assert_eq!(zombie.status, 503, "B's zombie turn is fenced: {}", zombie.text());
     let body = zombie.json().expect("a JSON refusal");
     assert_eq!(body["error"], "fenced", "{body}");
-    assert_eq!(db.history(&key).await, ["t1", "t3"], "the zombie wrote nothing");
+    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3"], "the zombie wrote nothing");
     assert_eq!(db.checkpoint_epoch(&key).await, Some(2));
 
     // Following the directive reaches the real owner.
     let answer = client.turn(&key, &turn_body("t4", 0, 1), Some(&b)).await.expect("t4");
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!((answer.owner.as_deref(), answer.epoch), (Some(c.as_str()), Some(3)));
-    assert_eq!(db.history(&key).await, ["t1", "t3", "t4"]);
+    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3", "t4"]);
     assert_eq!(db.checkpoint_epoch(&key).await, Some(3));
     timing("fence_canary", started.elapsed(), &[("stale_fenced_ms", ms(fenced_after))]);
 }
