@@ -32,6 +32,11 @@ fn env<'a>(c: &'a Container, name: &str) -> &'a k8s_openapi::api::core::v1::EnvV
     c.env.as_ref().unwrap().iter().find(|e| e.name == name).unwrap_or_else(|| panic!("env {name}"))
 }
 
+/// The Secret key an env var of `c` is taken from.
+fn secret_ref<'a>(c: &'a Container, name: &str) -> &'a k8s_openapi::api::core::v1::SecretKeySelector {
+    env(c, name).value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap()
+}
+
 #[test]
 fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     let ac = fixture("basic.yaml");
@@ -92,24 +97,12 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     assert_eq!(pod_name.field_path, "metadata.name");
     let pod_ip = env(sidecar, "POD_IP").value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
     assert_eq!(pod_ip.field_path, "status.podIP");
-    let db = env(sidecar, "DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    let db = secret_ref(sidecar, "DATABASE_URL");
     assert_eq!((db.name.as_str(), db.key.as_str()), ("chat-db", "DATABASE_URL"));
-    let secret = env(sidecar, "LEASEHOLD_CLUSTER_SECRET")
-        .value_from
-        .as_ref()
-        .unwrap()
-        .secret_key_ref
-        .as_ref()
-        .unwrap();
+    let secret = secret_ref(sidecar, "LEASEHOLD_CLUSTER_SECRET");
     assert_eq!((secret.name.as_str(), secret.key.as_str()), ("chat-cluster-secret", "cluster-secret"));
     assert_eq!(secret.optional, None, "the current secret is required");
-    let previous = env(sidecar, "LEASEHOLD_CLUSTER_SECRET_PREVIOUS")
-        .value_from
-        .as_ref()
-        .unwrap()
-        .secret_key_ref
-        .as_ref()
-        .unwrap();
+    let previous = secret_ref(sidecar, "LEASEHOLD_CLUSTER_SECRET_PREVIOUS");
     assert_eq!(
         (previous.name.as_str(), previous.key.as_str(), previous.optional),
         ("chat-cluster-secret", "cluster-secret-previous", Some(true)),
