@@ -159,6 +159,16 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_MAX_ANSWER_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_answer_bytes: usize,
 
+    /// How long the first published event into an empty journal queue waits for others
+    /// before the group commit (benchmarks compare 0 and a batch of 1: one INSERT per
+    /// event).
+    #[arg(long, env = "LEASEHOLD_JOURNAL_LINGER", default_value = "5ms", value_parser = duration, hide = true)]
+    pub journal_linger: Duration,
+
+    /// Events per journal statement at most.
+    #[arg(long, env = "LEASEHOLD_JOURNAL_MAX_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000), hide = true)]
+    pub journal_max_batch: u32,
+
     /// Apply migrations at start.
     #[arg(long, env = "LEASEHOLD_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,

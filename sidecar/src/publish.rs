@@ -29,12 +29,26 @@ use crate::{
     ownership::{LocalLease, Ownership, StandDownReason},
 };
 
-/// How long the first event into an empty queue waits for others: a model's tokens come
-/// tens of milliseconds apart per stream, so 5 ms gathers many streams' tokens into one
-/// statement at a delay no observer can perceive.
+/// How long the first event into an empty queue waits for others (`--journal-linger`): a
+/// model's tokens come tens of milliseconds apart per stream, so 5 ms gathers many
+/// streams' tokens into one statement at a delay no observer can perceive.
 pub const LINGER: Duration = Duration::from_millis(5);
-/// Events per statement at most: bounds one statement's size and duration.
+/// Events per statement at most (`--journal-max-batch`): bounds one statement's size and
+/// duration.
 pub const MAX_BATCH: usize = 1000;
+
+/// The flush rule: how long to wait for company, and how many events at most.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupCommit {
+    pub linger: Duration,
+    pub max_batch: usize,
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        GroupCommit { linger: LINGER, max_batch: MAX_BATCH }
+    }
+}
 /// Pause between attempts while the store cannot take a batch.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Sessions remembered as having lost an event, at most: a lost session is stood down
@@ -69,9 +83,10 @@ impl Publisher {
         hubs: Arc<Hubs>,
         metrics: Arc<Metrics>,
         give_up: Duration,
+        rule: GroupCommit,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let writer = Writer { ownership, hubs: hubs.clone(), metrics, give_up, lost: HashSet::new() };
+        let writer = Writer { ownership, hubs: hubs.clone(), metrics, give_up, rule, lost: HashSet::new() };
         tokio::spawn(writer.run(rx));
         Arc::new(Publisher { tx, hubs })
     }
@@ -109,6 +124,7 @@ struct Writer {
     hubs: Arc<Hubs>,
     metrics: Arc<Metrics>,
     give_up: Duration,
+    rule: GroupCommit,
     /// Sessions (at an epoch) an event of which did not land.
     lost: HashSet<(SessionKey, Epoch)>,
 }
@@ -117,8 +133,8 @@ impl Writer {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
         while let Some(first) = rx.recv().await {
             let mut ops = vec![first];
-            let deadline = Instant::now() + LINGER;
-            while ops.len() < MAX_BATCH && !matches!(ops.last(), Some(Op::Flush { .. })) {
+            let deadline = Instant::now() + self.rule.linger;
+            while ops.len() < self.rule.max_batch && !matches!(ops.last(), Some(Op::Flush { .. })) {
                 match rx.try_recv() {
                     Ok(op) => ops.push(op),
                     Err(mpsc::error::TryRecvError::Empty) => {

@@ -27,7 +27,7 @@ use leasehold_sidecar::{
     metrics::Metrics,
     observe::{Follow, Hubs, Observe, StreamLimits},
     ownership::Ownership,
-    publish::Publisher,
+    publish::{GroupCommit, Publisher},
     turn::{agent::AgentClient, inflight::InFlight, queue::TurnQueue, router::TurnRouter, run::Runner},
 };
 
@@ -242,7 +242,8 @@ fn assemble(
         },
     });
     let agent = AgentClient::new(&args.agent_url);
-    let publisher = Publisher::start(ownership.clone(), hubs.clone(), metrics.clone(), args.lease_ttl);
+    let rule = GroupCommit { linger: args.journal_linger, max_batch: args.journal_max_batch as usize };
+    let publisher = Publisher::start(ownership.clone(), hubs.clone(), metrics.clone(), args.lease_ttl, rule);
     let queue = TurnQueue::new(args.queue_limit as usize);
     let runner = Arc::new(Runner {
         ownership: ownership.clone(),
