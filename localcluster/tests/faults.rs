@@ -486,7 +486,14 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
         turn_on_node_a(&cluster, key, "before").await;
     }
     let running = post_on_node_a(&cluster, keys[0], json!({ "text": "cut", "think_ms": 3000, "tokens": 3 }));
-    support::eventually("the turn runs on node-a's agent", || in_flight_on(&cluster.nodes[0])).await;
+    // The agent has it (its fourth turn): counted in flight is not enough, a turn is
+    // counted while it is journaled, before its dispatch.
+    let stats = format!("{}/stats", cluster.nodes[0].agent_url());
+    support::eventually("the turn runs on node-a's agent", || async {
+        let stats: serde_json::Value = reqwest::get(&stats).await.unwrap().json().await.unwrap();
+        stats["turns"].as_u64() >= Some(4)
+    })
+    .await;
     cluster.nodes[0].agent.kill9();
     let crashed = Instant::now();
     let (status, body) = running.await.unwrap();

@@ -86,6 +86,18 @@ impl Client {
 
     /// POST to `path`, starting at node `first` (or round-robin when `None`).
     pub async fn post(&self, path: &str, body: Bytes, first: Option<usize>) -> Result<Answer, ClientError> {
+        self.post_keyed(path, body, first, None).await
+    }
+
+    /// [`Client::post`] with the caller's idempotency key (else a new one per call): a
+    /// caller that lost this client's answer may send the same turn again safely.
+    pub async fn post_keyed(
+        &self,
+        path: &str,
+        body: Bytes,
+        first: Option<usize>,
+        key: Option<&str>,
+    ) -> Result<Answer, ClientError> {
         let mut obeying = Obeying::default();
         let mut not_reached = Vec::new();
         let mut node = first.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % self.nodes.len();
@@ -93,7 +105,7 @@ impl Client {
         let mut resends_left = self.resends;
         // One id for every attempt, sent as the idempotency key: however often it is sent,
         // the turn runs once.
-        let turn_id = uuid::Uuid::new_v4().to_string();
+        let turn_id = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
         loop {
             let url = format!("{}{path}", self.nodes[node]);
             let sent = self

@@ -209,10 +209,15 @@ impl Runner {
                 let dispatch = Dispatch { turn, resume: true, attempt: record.attempts };
                 Ran::Settled(self.execute(&place, &lease, dispatch, digest).await)
             }
-            Ok(Begun::Resumed(record) | Begun::Existing(record)) if record.digest != digest => {
+            // The key names another request, which was running: it is taken over now, so
+            // it runs (its own request, from the journal) before this one is refused.
+            Ok(Begun::Resumed(record)) => {
+                self.metrics.turn_journal("resumed");
+                let dispatch =
+                    Dispatch { turn: from_record(&turn.key, &record), resume: true, attempt: record.attempts };
+                self.execute(&place, &lease, dispatch, record.digest.clone()).await;
                 self.early(Early::KeyReused)
             }
-            Ok(Begun::Resumed(_)) => unreachable!("digests compared above"),
             Ok(Begun::Existing(record)) => self.recorded(&turn, record),
             Err(e) => Ran::Settled(self.journal_failed(&lease, e)),
         }
@@ -299,16 +304,23 @@ impl Runner {
         settled
     }
 
-    /// The turn was cancelled (interrupt, `DELETE`): tell the agent, record it.
+    /// The turn was cancelled (interrupt, `DELETE`): tell the agent, record it. If the
+    /// cancel cannot be recorded, the journal still says running and a next owner would
+    /// resume it: its client is told it may run (`owner_failed`), not that it stopped.
     async fn interrupted(&self, lease: &LocalLease, turn: &Turn) -> Outcome {
         if let Err(e) = self.agent.cancel(&turn.key, &turn.id).await {
             tracing::warn!(key = %turn.key, turn = %turn.id, error = %e, "the agent did not take the cancel");
         }
-        if let Err(e) = self.ownership.cancel_turn(lease, &turn.id).await {
-            tracing::warn!(key = %turn.key, turn = %turn.id, error = %e, "recording the cancel failed");
+        match self.ownership.cancel_turn(lease, &turn.id).await {
+            Ok(_) => {
+                self.metrics.turn_journal("interrupted");
+                Outcome::Interrupted
+            }
+            Err(e) => {
+                tracing::warn!(key = %turn.key, turn = %turn.id, error = %e, "recording the cancel failed");
+                Outcome::OwnerFailed
+            }
         }
-        self.metrics.turn_journal("interrupted");
-        Outcome::Interrupted
     }
 
     /// A turn halted because ownership moved (or may have): `fenced` (the next owner
@@ -440,8 +452,12 @@ impl Runner {
     pub async fn cancel(&self, lease: &LocalLease, turn_id: &str) -> Result<Cancelled, Outcome> {
         if let Some(running) = self.queue.running(&lease.key).filter(|r| r.turn_id == turn_id) {
             running.cancel.cancel();
-            wait(running.outcome).await;
-            return Ok(Cancelled::Cancelled);
+            return match wait(running.outcome).await {
+                Outcome::Interrupted => Ok(Cancelled::Cancelled),
+                // It finished before the cancel reached it: its answer stands.
+                Outcome::Answered { .. } => Ok(Cancelled::Finished),
+                other => Err(other),
+            };
         }
         let record = match self.ownership.get_turn(&lease.key, turn_id).await {
             Ok(Some(record)) => record,
