@@ -213,8 +213,11 @@ impl Runner {
             // it runs (its own request, from the journal) before this one is refused.
             Ok(Begun::Resumed(record)) => {
                 self.metrics.turn_journal("resumed");
-                let dispatch =
-                    Dispatch { turn: from_record(&turn.key, &record), resume: true, attempt: record.attempts };
+                let dispatch = Dispatch {
+                    turn: from_record(&turn.key, &record),
+                    resume: true,
+                    attempt: record.attempts,
+                };
                 self.execute(&place, &lease, dispatch, record.digest.clone()).await;
                 self.early(Early::KeyReused)
             }
