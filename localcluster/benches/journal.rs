@@ -157,7 +157,12 @@ fn http_client(concurrency: usize) -> reqwest::Client {
 
 /// `clients` clients, client i looping turns of session `keys[i]` until `round` is up
 /// (each finishes the turn it is in); every turn's latency, and the wall time.
-async fn load(setup: &Setup, keys: &[String], body: &'static str, round: Duration) -> (Vec<Duration>, Duration) {
+async fn load(
+    setup: &Setup,
+    keys: &[String],
+    body: &'static str,
+    round: Duration,
+) -> (Vec<Duration>, Duration) {
     let http = http_client(keys.len());
     let started = Instant::now();
     let deadline = started + round;
@@ -207,14 +212,18 @@ async fn latency(settings: &Settings, journal: &Setup, baseline: Option<&Setup>)
     for setup in &setups {
         setup.warm(&http, &keys).await;
     }
-    println!("## 1. Turn latency: a 50-token turn (think_ms 0), {} rounds of {:?} per setup, interleaved\n", settings.rounds, settings.round);
+    println!(
+        "## 1. Turn latency: a 50-token turn (think_ms 0), {} rounds of {:?} per setup, interleaved\n",
+        settings.rounds, settings.round
+    );
     let mut summary = Vec::new();
     for clients in CONCURRENCY {
         println!("### {clients} client(s), each on a session of its own\n");
         println!("| round | setup | turns | p50 ms | p99 ms | turns/s |");
         println!("|---|---|---|---|---|---|");
         // Per setup: every sample of every round, and the summed turns and wall time.
-        let mut pooled: Vec<(Vec<Duration>, usize, Duration)> = vec![(Vec::new(), 0, Duration::ZERO); setups.len()];
+        let mut pooled: Vec<(Vec<Duration>, usize, Duration)> =
+            vec![(Vec::new(), 0, Duration::ZERO); setups.len()];
         for round in 0..settings.rounds {
             for setup in in_round_order(&setups, round) {
                 let at = setups.iter().position(|s| std::ptr::eq(*s, setup)).unwrap();
@@ -363,10 +372,11 @@ async fn snapshot(conn: &mut PgConnection) -> Snapshot {
         .iter()
         .map(|r| (r.get::<String, _>("name"), (r.get("n_tup_ins"), r.get("n_tup_upd"), r.get("bytes"))))
         .collect();
-    let xacts = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let xacts =
+        sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
     let wal = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&mut *conn).await.unwrap();
     Snapshot { tables, xacts, wal }
 }
@@ -399,7 +409,8 @@ async fn rows_of(setup: &Setup, turns: usize) -> PerTurn {
         turn(&http, &url, TURN).await;
     }
     // WAL and sizes at once (the other setups only renew their node lease meanwhile).
-    let wal_after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&mut conn).await.unwrap();
+    let wal_after: String =
+        sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&mut conn).await.unwrap();
     let sized = snapshot(&mut conn).await;
     tokio::time::sleep(STATS_FLUSH).await;
     let counted = snapshot(&mut conn).await;
@@ -478,27 +489,36 @@ async fn main() {
         ("LEASEHOLD_JOURNAL_LINGER".to_owned(), "0s".to_owned()),
         ("LEASEHOLD_JOURNAL_MAX_BATCH".to_owned(), "1".to_owned()),
     ];
-    let per_event =
-        if settings.part("throughput") { Some(Setup::start("per-event", &admin, None, per_event_env).await) } else { None };
+    let per_event = if settings.part("throughput") {
+        Some(Setup::start("per-event", &admin, None, per_event_env).await)
+    } else {
+        None
+    };
     println!(
         "Journal sidecar: {}; baseline sidecar: {}; demo agent: {} (both)\n",
         localcluster::cluster::binary("leasehold-sidecar").display(),
-        settings.baseline_dir.as_ref().map_or("none (LEASEHOLD_BENCH_BASELINE_BIN_DIR unset)".to_owned(), |d| {
-            d.join("leasehold-sidecar").display().to_string()
-        }),
+        settings
+            .baseline_dir
+            .as_ref()
+            .map_or("none (LEASEHOLD_BENCH_BASELINE_BIN_DIR unset)".to_owned(), |d| {
+                d.join("leasehold-sidecar").display().to_string()
+            }),
         localcluster::cluster::binary("leasehold-demo-agent").display()
     );
     if settings.part("latency") {
         latency(&settings, &journal, baseline.as_ref()).await;
     }
     if settings.part("throughput") {
-        let setups: Vec<&Setup> = [Some(&journal), per_event.as_ref(), baseline.as_ref()].into_iter().flatten().collect();
+        let setups: Vec<&Setup> =
+            [Some(&journal), per_event.as_ref(), baseline.as_ref()].into_iter().flatten().collect();
         throughput(&settings, &setups).await;
     }
     if settings.part("rows") {
         rows(&settings, &journal, baseline.as_ref()).await;
     }
-    println!("## 4. Replay to a late observer: skipped (the observe-journal branch has not landed in main)\n");
+    println!(
+        "## 4. Replay to a late observer: skipped (the observe-journal branch has not landed in main)\n"
+    );
     drop(per_event);
     drop(baseline);
     drop(journal);
