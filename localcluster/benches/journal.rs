@@ -6,8 +6,9 @@
 //! - **baseline**: the previous release's checkpoint-only sidecar, built from commit
 //!   `bbb3b87` (the last commit before the journal's turn path, edb6bbe), run with the
 //!   *same* demo agent binary (it sends the resume header only when it gets one);
-//! - **per-event**: this workspace's sidecar with `LEASEHOLD_JOURNAL_LINGER=0s` and
-//!   `LEASEHOLD_JOURNAL_MAX_BATCH=1` (one INSERT per event), for the group commit figure.
+//! - **per-event**: this workspace's sidecar with `LEASEHOLD_JOURNAL_MAX_BATCH=1` (one
+//!   INSERT per event; `LEASEHOLD_JOURNAL_LINGER=1ms`, the flag refuses 0, and a batch of
+//!   one never waits for company anyway), for the group commit figure.
 //!
 //! Measured:
 //! 1. turn latency p50/p99 and turns/s of a 50-token turn (`think_ms` 0) through the
@@ -222,12 +223,20 @@ async fn latency(settings: &Settings, journal: &Setup, baseline: Option<&Setup>)
         println!("| round | setup | turns | p50 ms | p99 ms | turns/s |");
         println!("|---|---|---|---|---|---|");
         // Per setup: every sample of every round, and the summed turns and wall time.
+        // The journal's (events, statements) over its rounds.
+        let mut statements = (0.0, 0.0);
         let mut pooled: Vec<(Vec<Duration>, usize, Duration)> =
             vec![(Vec::new(), 0, Duration::ZERO); setups.len()];
         for round in 0..settings.rounds {
             for setup in in_round_order(&setups, round) {
                 let at = setups.iter().position(|s| std::ptr::eq(*s, setup)).unwrap();
+                let counters = if setup.journals { journal_counters(setup.node()).await } else { (0.0, 0.0) };
                 let (mut samples, wall) = load(setup, &keys[..clients], TURN, settings.round).await;
+                if setup.journals {
+                    let after = journal_counters(setup.node()).await;
+                    statements.0 += after.0 - counters.0;
+                    statements.1 += after.1 - counters.1;
+                }
                 samples.sort();
                 println!(
                     "| {round} | {} | {} | {} | {} | {:.1} |",
@@ -242,6 +251,14 @@ async fn latency(settings: &Settings, journal: &Setup, baseline: Option<&Setup>)
                 pooled[at].0.extend(samples);
             }
         }
+        let journal_turns = pooled[0].1 as f64;
+        println!(
+            "\nJournal: {} events in {} statements over {journal_turns} turns: {:.1} events/statement, {:.2} event statements per turn",
+            statements.0,
+            statements.1,
+            statements.0 / statements.1.max(1.0),
+            statements.1 / journal_turns.max(1.0)
+        );
         println!("\nAll rounds pooled:\n");
         println!("| setup | turns | p50 ms | p99 ms | turns/s |");
         println!("|---|---|---|---|---|");
@@ -390,11 +407,13 @@ async fn wal_bytes(conn: &mut PgConnection, from: &str, to: &str) -> i64 {
         .unwrap()
 }
 
-/// Per turn, for one setup: (table → (inserted, updated, bytes)), WAL bytes, transactions.
+/// Per turn, for one setup: (table → (inserted, updated, bytes)), WAL bytes, transactions,
+/// and the journal's event statements (its group commits).
 struct PerTurn {
     tables: BTreeMap<String, (f64, f64, f64)>,
     wal: f64,
     xacts: f64,
+    event_statements: Option<f64>,
 }
 
 async fn rows_of(setup: &Setup, turns: usize) -> PerTurn {
@@ -404,6 +423,7 @@ async fn rows_of(setup: &Setup, turns: usize) -> PerTurn {
     let mut conn = PgConnection::connect(&setup.db).await.unwrap();
     tokio::time::sleep(STATS_FLUSH).await; // the warm-up's counters land first
     let before = snapshot(&mut conn).await;
+    let counters = if setup.journals { Some(journal_counters(setup.node()).await) } else { None };
     let url = setup.turn_url(&key);
     for _ in 0..turns {
         turn(&http, &url, TURN).await;
@@ -412,6 +432,10 @@ async fn rows_of(setup: &Setup, turns: usize) -> PerTurn {
     let wal_after: String =
         sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&mut conn).await.unwrap();
     let sized = snapshot(&mut conn).await;
+    let event_statements = match counters {
+        Some((_, batches)) => Some((journal_counters(setup.node()).await.1 - batches) / turns as f64),
+        None => None,
+    };
     tokio::time::sleep(STATS_FLUSH).await;
     let counted = snapshot(&mut conn).await;
     let n = turns as f64;
@@ -427,7 +451,7 @@ async fn rows_of(setup: &Setup, turns: usize) -> PerTurn {
     let wal = wal_bytes(&mut conn, &before.wal, &wal_after).await as f64 / n;
     // Minus this function's own two snapshot transactions in between.
     let xacts = (counted.xacts - before.xacts - 2) as f64 / n;
-    PerTurn { tables, wal, xacts }
+    PerTurn { tables, wal, xacts, event_statements }
 }
 
 async fn rows(settings: &Settings, journal: &Setup, baseline: Option<&Setup>) {
@@ -452,10 +476,11 @@ async fn rows(settings: &Settings, journal: &Setup, baseline: Option<&Setup>) {
         }
         println!("| {} | all tables | | | {bytes:.0} |", setup.name);
     }
-    println!("\n| setup | WAL bytes/turn | transactions/turn (heartbeats and sweeps included) |");
-    println!("|---|---|---|");
+    println!("\n| setup | WAL bytes/turn | transactions/turn (heartbeats and sweeps included) | event INSERTs/turn |");
+    println!("|---|---|---|---|");
     for (setup, r) in setups.iter().zip(&results) {
-        println!("| {} | {:.0} | {:.2} |", setup.name, r.wal, r.xacts);
+        let inserts = r.event_statements.map_or("-".to_owned(), |n| format!("{n:.2}"));
+        println!("| {} | {:.0} | {:.2} | {inserts} |", setup.name, r.wal, r.xacts);
     }
     if let [j, b] = &results[..] {
         let rows = |r: &PerTurn| r.tables.values().map(|t| t.0).sum::<f64>();
@@ -486,7 +511,9 @@ async fn main() {
         None => None,
     };
     let per_event_env = vec![
-        ("LEASEHOLD_JOURNAL_LINGER".to_owned(), "0s".to_owned()),
+        // The sidecar refuses a zero linger; with a batch of one it never lingers anyway
+        // (publish.rs gathers more ops only while the batch holds fewer than max_batch).
+        ("LEASEHOLD_JOURNAL_LINGER".to_owned(), "1ms".to_owned()),
         ("LEASEHOLD_JOURNAL_MAX_BATCH".to_owned(), "1".to_owned()),
     ];
     let per_event = if settings.part("throughput") {
