@@ -14,7 +14,9 @@
 //! 1. turn latency p50/p99 and turns/s of a 50-token turn (`think_ms` 0) through the
 //!    owner's public port, journal vs baseline, at 1 client and at 8 clients on 8
 //!    distinct sessions; every turn carries an `Idempotency-Key` (as the SDK clients
-//!    send; the baseline ignores it);
+//!    send; the baseline ignores it). Measured twice: with the demo agent, and with the
+//!    bench's burst agent (the same writes without the demo agent's per-token sleep,
+//!    which costs a 1 ms timer tick even at `think_ms` 0: see [`burst_agent`]);
 //! 2. journaled events per second on one node: 32 sessions, each a client looping turns
 //!    of 200 tokens with `think_ms` 0 (the agent publishes as fast as it can), the group
 //!    commit vs one INSERT per event (and the baseline's published events/s as the
@@ -91,6 +93,125 @@ impl Settings {
     }
 }
 
+/// The agent behind a setup's sidecar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Agent {
+    /// The workspace's `leasehold-demo-agent`.
+    Demo,
+    /// [`burst_agent`]: the demo agent's writes without its pauses.
+    Burst,
+}
+
+/// An agent that makes the demo agent's writes for a turn (`turn_started`, `tokens` token
+/// events, `turn_finished`, a checkpoint, then the answer), each awaited in turn as the
+/// demo agent does, but with no pause between tokens: the demo agent sleeps
+/// `think_ms / tokens` before each token, and tokio's `sleep(0)` still waits for the next
+/// 1 ms timer tick (52 of them measured 58-92 ms here), so with the demo agent a 50-token
+/// turn is mostly the agent's timer. The bench binary runs itself in this role
+/// (`LEASEHOLD_BENCH_ROLE=journal-burst-agent`).
+mod burst_agent {
+    use std::{
+        collections::HashMap,
+        path::PathBuf,
+        sync::{Arc, Mutex},
+    };
+
+    use axum::{
+        body::Bytes,
+        extract::{Path, State},
+        http::{HeaderMap, StatusCode},
+        response::{IntoResponse, Response},
+        routing::post,
+        Json, Router,
+    };
+    use serde_json::json;
+
+    const ROLE_ENV: &str = "LEASEHOLD_BENCH_ROLE";
+    const ROLE: &str = "journal-burst-agent";
+    const SIDECAR_ENV: &str = "LEASEHOLD_SIDECAR_URL";
+
+    struct Burst {
+        http: reqwest::Client,
+        sidecar: String,
+        /// Turns answered per session: the checkpointed state.
+        turns: Mutex<HashMap<String, u64>>,
+    }
+
+    /// If this process was started as the burst agent, serve until killed and return true.
+    pub(crate) async fn serve_if_requested() -> bool {
+        if std::env::var(ROLE_ENV).as_deref() != Ok(ROLE) {
+            return false;
+        }
+        let listen = std::env::args().skip_while(|a| a != "--listen").nth(1).expect("--listen");
+        let sidecar = std::env::var(SIDECAR_ENV).expect(SIDECAR_ENV);
+        let agent = Arc::new(Burst { http: reqwest::Client::new(), sidecar, turns: Mutex::default() });
+        let app = Router::new().route("/sessions/{key}/turns", post(turn)).with_state(agent);
+        let listener = tokio::net::TcpListener::bind(listen).await.expect("bind the burst agent");
+        axum::serve(listener, app).await.expect("serve the burst agent");
+        true
+    }
+
+    /// The `agent_command` that runs this executable as the burst agent of the sidecar
+    /// whose agent API is at `sidecar`.
+    pub(crate) fn command(sidecar: &str) -> (PathBuf, Vec<(String, String)>) {
+        let env = vec![(ROLE_ENV.into(), ROLE.into()), (SIDECAR_ENV.into(), sidecar.into())];
+        (std::env::current_exe().expect("current exe"), env)
+    }
+
+    async fn turn(
+        State(agent): State<Arc<Burst>>,
+        Path(key): Path<String>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let Some(epoch) = headers.get("leasehold-epoch").and_then(|v| v.to_str().ok()?.parse::<i64>().ok())
+        else {
+            return (StatusCode::BAD_REQUEST, "no Leasehold-Epoch").into_response();
+        };
+        let input: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let tokens = input["tokens"].as_u64().unwrap_or(5);
+        let events = format!("{}/v1/sessions/{key}/events", agent.sidecar);
+        let mut writes = vec![("turn_started", json!({ "text": input["text"] }))];
+        writes.extend((0..tokens).map(|i| ("token", json!({ "i": i, "text": format!("tok{i}") }))));
+        let history_len = agent.turns.lock().unwrap().get(&key).copied().unwrap_or(0) + 1;
+        writes.push(("turn_finished", json!({ "history_len": history_len })));
+        for (kind, data) in writes {
+            let sent = agent
+                .http
+                .post(&events)
+                .header("leasehold-epoch", epoch)
+                .json(&json!({ "type": kind, "data": data }))
+                .send()
+                .await;
+            if let Some(refused) = refused(sent) {
+                return refused;
+            }
+        }
+        let checkpoint = json!({ "history_len": history_len }).to_string();
+        let sent = agent
+            .http
+            .put(format!("{}/v1/sessions/{key}/checkpoint", agent.sidecar))
+            .header("leasehold-epoch", epoch)
+            .body(checkpoint)
+            .send()
+            .await;
+        if let Some(refused) = refused(sent) {
+            return refused;
+        }
+        agent.turns.lock().unwrap().insert(key, history_len);
+        Json(json!({ "history_len": history_len, "epoch": epoch })).into_response()
+    }
+
+    /// A write the sidecar refused (409 when fenced), as this turn's answer.
+    fn refused(sent: reqwest::Result<reqwest::Response>) -> Option<Response> {
+        match sent {
+            Ok(r) if r.status().is_success() => None,
+            Ok(r) => Some(StatusCode::from_u16(r.status().as_u16()).unwrap().into_response()),
+            Err(e) => Some((StatusCode::BAD_GATEWAY, e.to_string()).into_response()),
+        }
+    }
+}
+
 /// One compared setup: a one-node cluster with a database of its own.
 struct Setup {
     name: &'static str,
@@ -106,15 +227,25 @@ impl Setup {
         admin: &str,
         sidecar_binary: Option<PathBuf>,
         env: Vec<(String, String)>,
+        agent: Agent,
     ) -> Setup {
         let db = localcluster::postgres::fresh_database(admin).await.unwrap();
         let journals = sidecar_binary.is_none();
+        let ip = localcluster::cluster::next_ip();
+        let agent_command = match agent {
+            Agent::Demo => None,
+            Agent::Burst => {
+                Some(burst_agent::command(&format!("http://{ip}:{}", localcluster::cluster::AGENT_API_PORT)))
+            }
+        };
         let options = ClusterOptions {
             nodes: 1,
             lease_ttl: Duration::from_secs(15),
             heartbeat: Duration::from_secs(5),
             sidecar_env: vec![env],
             sidecar_binary,
+            ips: Some(vec![ip]),
+            agent_command,
             ..ClusterOptions::default()
         };
         let cluster = Cluster::start(&db, options).await.unwrap();
@@ -498,6 +629,9 @@ async fn rows(settings: &Settings, journal: &Setup, baseline: Option<&Setup>) {
 
 #[tokio::main]
 async fn main() {
+    if burst_agent::serve_if_requested().await {
+        return;
+    }
     let admin = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with scripts/with-postgres.sh");
     let settings = Settings::from_env();
     let baseline_binary = settings.baseline_dir.as_ref().map(|dir| {
@@ -505,10 +639,24 @@ async fn main() {
         assert!(path.exists(), "LEASEHOLD_BENCH_BASELINE_BIN_DIR: no {}", path.display());
         path
     });
-    let journal = Setup::start("journal", &admin, None, Vec::new()).await;
-    let baseline = match baseline_binary {
-        Some(path) => Some(Setup::start("baseline", &admin, Some(path), Vec::new()).await),
+    let journal = Setup::start("journal", &admin, None, Vec::new(), Agent::Demo).await;
+    let baseline = match &baseline_binary {
+        Some(path) => {
+            Some(Setup::start("baseline", &admin, Some(path.clone()), Vec::new(), Agent::Demo).await)
+        }
         None => None,
+    };
+    let (journal_burst, baseline_burst) = if settings.part("latency") {
+        let journal = Setup::start("journal", &admin, None, Vec::new(), Agent::Burst).await;
+        let baseline = match &baseline_binary {
+            Some(path) => {
+                Some(Setup::start("baseline", &admin, Some(path.clone()), Vec::new(), Agent::Burst).await)
+            }
+            None => None,
+        };
+        (Some(journal), baseline)
+    } else {
+        (None, None)
     };
     let per_event_env = vec![
         // The sidecar refuses a zero linger; with a batch of one it never lingers anyway
@@ -517,7 +665,7 @@ async fn main() {
         ("LEASEHOLD_JOURNAL_MAX_BATCH".to_owned(), "1".to_owned()),
     ];
     let per_event = if settings.part("throughput") {
-        Some(Setup::start("per-event", &admin, None, per_event_env).await)
+        Some(Setup::start("per-event", &admin, None, per_event_env, Agent::Demo).await)
     } else {
         None
     };
@@ -533,7 +681,10 @@ async fn main() {
         localcluster::cluster::binary("leasehold-demo-agent").display()
     );
     if settings.part("latency") {
+        println!("# With the demo agent\n");
         latency(&settings, &journal, baseline.as_ref()).await;
+        println!("# With the burst agent (the demo agent's writes, no pause between tokens)\n");
+        latency(&settings, journal_burst.as_ref().unwrap(), baseline_burst.as_ref()).await;
     }
     if settings.part("throughput") {
         let setups: Vec<&Setup> =
@@ -546,6 +697,7 @@ async fn main() {
     println!(
         "## 4. Replay to a late observer: skipped (the observe-journal branch has not landed in main)\n"
     );
+    drop((journal_burst, baseline_burst));
     drop(per_event);
     drop(baseline);
     drop(journal);
