@@ -68,4 +68,7 @@ export LEASEHOLD_E2E_DATABASE_URL=postgres://postgres:$pg_password@127.0.0.1:$pg
 export LEASEHOLD_E2E_POD_DATABASE_URL=postgres://postgres:$pg_password@$pg:5432
 export LEASEHOLD_E2E_IMAGE_TAG=$tag
 export LEASEHOLD_E2E_CHART=charts/leasehold
+# The leader-election scenario runs operator processes of its own, on this host.
+cargo build --release --locked -p leasehold-operator
+export LEASEHOLD_E2E_OPERATOR_BIN=${CARGO_TARGET_DIR:-$root/target}/release/leasehold-operator
 cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1

@@ -160,6 +160,8 @@ expect_rejected --set replicaCount=two
 # --- the rendered objects -------------------------------------------------------
 cat >"$tmp/verify.py" <<'PYEOF'
 """Checks on the rendered chart. Prints one "PASS <what>" or "FAIL <what>: <why>" a line."""
+import copy
+import re
 import sys
 
 import yaml
@@ -213,7 +215,7 @@ CLUSTER_RULES = {
     rule([""], ["services"], READ_CREATE_PATCH),
     rule(["policy"], ["poddisruptionbudgets"], READ_CREATE_PATCH),
     rule(["networking.k8s.io"], ["networkpolicies"], READ_CREATE_PATCH),
-    rule([""], ["secrets"], ["get", "create"]),
+    rule([""], ["secrets"], ["get", "list", "watch", "create"]),
     rule([""], ["pods"], ["list", "watch", "patch"]),
     rule(["events.k8s.io"], ["events"], ["create", "patch"]),
 }
@@ -437,6 +439,13 @@ def conform(value, schema, path, errors):
         return
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{path}: {value!r} < minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{path}: {value!r} > maximum {schema['maximum']}")
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
     kind = schema.get("type") or ("object" if "properties" in schema else None)
     if value is None:
         if not schema.get("nullable"):
@@ -488,6 +497,23 @@ if example:
     conform(body, schema, "AgentCluster", errors)
     check(f"examples/agentcluster.yaml conforms to the CRD schema ({crd_kind})", not errors,
           "; ".join(errors))
+
+    def turns_errors(turns):
+        """Errors of the example with `spec.turns` replaced by `turns`."""
+        changed = copy.deepcopy(body)
+        changed["spec"]["turns"] = turns
+        found = []
+        conform(changed, schema, "AgentCluster", found)
+        return found
+
+    if crd_kind == "real":
+        edges = [{"multitask": "interrupt", "queueLimit": 1, "answerRetention": "5m", "maxAnswerBytes": 1},
+                 {"multitask": "reject", "queueLimit": 10000, "maxAnswerBytes": 1 << 30}]
+        found = [e for t in edges for e in turns_errors(t)]
+        check("the CRD schema accepts spec.turns at its bounds", not found, "; ".join(found))
+        for bad in [{"multitask": "parallel"}, {"queueLimit": 0}, {"queueLimit": 10001},
+                    {"maxAnswerBytes": 0}, {"answerRetention": "soon"}]:
+            check(f"the CRD schema refuses spec.turns {bad}", turns_errors(bad), "accepted")
 PYEOF
 
 if python3 "$tmp/verify.py" "$tmp" "$chart" "$release" "$namespace" "$crd_kind" >"$tmp/verify.out" 2>&1; then

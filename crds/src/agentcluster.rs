@@ -73,6 +73,11 @@ pub struct AgentClusterSpec {
     #[schemars(regex(pattern = DURATION_PATTERN))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1h')").message("sessionRetention must be at least 1h"))]
     pub session_retention: String,
+
+    /// How each pod's sidecar runs a session's turns (one at a time) and how long their
+    /// recorded answers are kept (CONTRACT §9).
+    #[serde(default)]
+    pub turns: TurnsSpec,
 }
 
 fn default_session_retention() -> String {
@@ -279,6 +284,90 @@ fn default_max_unavailable() -> IntOrString {
 impl Default for RolloutSpec {
     fn default() -> Self {
         RolloutSpec { max_surge: default_max_surge(), max_unavailable: default_max_unavailable() }
+    }
+}
+
+/// What the owner does with a turn that arrives while another turn of its session runs.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Multitask {
+    /// Queue it behind the running turn (FIFO, up to `queueLimit`, then 503 queue_full).
+    #[default]
+    Enqueue,
+    /// Refuse it: 409 busy.
+    Reject,
+    /// Cancel the running turn (its client gets 409 interrupted) and run this one.
+    Interrupt,
+}
+
+impl Multitask {
+    /// The sidecar's `--multitask` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Multitask::Enqueue => "enqueue",
+            Multitask::Reject => "reject",
+            Multitask::Interrupt => "interrupt",
+        }
+    }
+}
+
+/// The fewest turns a session may queue: one waiting behind the running one.
+pub const MIN_QUEUE_LIMIT: i32 = 1;
+/// The most turns a session may queue; the sidecar refuses to start above it
+/// (`--queue-limit`).
+pub const MAX_QUEUE_LIMIT: i32 = 10_000;
+/// The largest `maxAnswerBytes`: a recorded answer is one Postgres `bytea` value, which
+/// holds at most 1 GiB.
+pub const MAX_ANSWER_BYTES_LIMIT: i64 = 1 << 30;
+
+/// Turns: one at a time per session, journaled, their answers kept for repeats.
+#[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnsSpec {
+    /// What the owner does with a turn that arrives while another of the same session
+    /// runs: `enqueue` (wait in arrival order), `reject` (409 busy) or `interrupt` (cancel
+    /// the running one). A client may override it per turn with `Leasehold-Multitask`.
+    #[serde(default)]
+    pub multitask: Multitask,
+
+    /// Turns that may wait per session at its owner under `enqueue`; above it a turn gets
+    /// 503 queue_full. 1 to 10000.
+    #[serde(default = "default_queue_limit")]
+    #[schemars(range(min = MIN_QUEUE_LIMIT, max = MAX_QUEUE_LIMIT))]
+    pub queue_limit: i32,
+
+    /// How long a finished (or cancelled) turn's recorded answer and events are kept: a
+    /// repeat of its Idempotency-Key within it gets the recorded answer instead of running
+    /// again. At least 5m; default 24h.
+    #[serde(default = "default_answer_retention")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('5m')").message("answerRetention must be at least 5m"))]
+    pub answer_retention: String,
+
+    /// Largest agent answer the sidecar records, in bytes; a larger one fails its turn with
+    /// 502 answer_too_large. Default: the sidecar's (4 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_ANSWER_BYTES_LIMIT))]
+    pub max_answer_bytes: Option<i64>,
+}
+
+/// The sidecar's own `--queue-limit` default: a session rarely has more turns in flight.
+fn default_queue_limit() -> i32 {
+    16
+}
+/// CONTRACT §8: a day of answers covers any client that repeats a request.
+fn default_answer_retention() -> String {
+    "24h".into()
+}
+
+impl Default for TurnsSpec {
+    fn default() -> Self {
+        TurnsSpec {
+            multitask: Multitask::default(),
+            queue_limit: default_queue_limit(),
+            answer_retention: default_answer_retention(),
+            max_answer_bytes: None,
+        }
     }
 }
 

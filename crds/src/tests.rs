@@ -57,3 +57,67 @@ fn a_minimal_spec_takes_the_documented_defaults() {
     assert_eq!(spec.service, ServiceSpec { type_: ServiceType::ClusterIP, port: 80 });
     assert_eq!(spec.cluster_secret, None);
 }
+
+#[test]
+fn turns_default_and_parse_in_camel_case() {
+    let minimal: AgentClusterSpec = serde_json::from_value(serde_json::json!({
+        "replicas": 1,
+        "template": {},
+        "database": { "secretName": "db" }
+    }))
+    .unwrap();
+    assert_eq!(minimal.turns, TurnsSpec::default());
+    assert_eq!(
+        (minimal.turns.multitask, minimal.turns.queue_limit, minimal.turns.answer_retention.as_str()),
+        (Multitask::Enqueue, 16, "24h")
+    );
+    assert_eq!(minimal.turns.max_answer_bytes, None);
+
+    let set: TurnsSpec = serde_json::from_value(serde_json::json!({
+        "multitask": "interrupt", "queueLimit": 3, "answerRetention": "1h", "maxAnswerBytes": 1024
+    }))
+    .unwrap();
+    assert_eq!(
+        set,
+        TurnsSpec {
+            multitask: Multitask::Interrupt,
+            queue_limit: 3,
+            answer_retention: "1h".into(),
+            max_answer_bytes: Some(1024)
+        }
+    );
+    assert_eq!(Multitask::Reject.as_str(), "reject");
+    let bad = serde_json::from_value::<TurnsSpec>(serde_json::json!({ "multitask": "parallel" }));
+    assert!(bad.is_err(), "not a policy");
+}
+
+/// What the API server enforces on `spec.turns`: the policy is one of three, the queue
+/// limit is 1..=10000, the answer size 1 byte..1 GiB, the retention a duration of at least
+/// 5m, each with its default.
+#[test]
+fn the_schema_bounds_the_turn_settings() {
+    let crd = serde_json::to_value(AgentCluster::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let turns = &spec["turns"]["properties"];
+    assert_eq!(turns["multitask"]["enum"], serde_json::json!(["enqueue", "reject", "interrupt"]), "{turns}");
+    assert_eq!(turns["multitask"]["default"], "enqueue", "{turns}");
+    let limit = &turns["queueLimit"];
+    assert_eq!(
+        (limit["minimum"].as_f64(), limit["maximum"].as_f64()),
+        (Some(1.0), Some(10_000.0)),
+        "{limit}"
+    );
+    assert_eq!(limit["default"], 16);
+    let bytes = &turns["maxAnswerBytes"];
+    assert_eq!(
+        (bytes["minimum"].as_f64(), bytes["maximum"].as_f64()),
+        (Some(1.0), Some(MAX_ANSWER_BYTES_LIMIT as f64)),
+        "{bytes}"
+    );
+    let retention = &turns["answerRetention"];
+    assert_eq!(retention["default"], "24h");
+    assert_eq!(retention["pattern"], spec["sessionRetention"]["pattern"], "a duration like the others");
+    let rules = retention["x-kubernetes-validations"].to_string();
+    assert!(rules.contains("duration(self) >= duration('5m')"), "{retention}");
+    assert!(rules.contains("answerRetention must be at least 5m"), "{retention}");
+}

@@ -89,14 +89,27 @@ impl Sidecar {
         }
     }
 
-    /// Thaw: the checkpointed state, or a fresh one when there is none.
+    /// Thaw: the checkpointed state, or a fresh one when there is none. `last_turn` is the
+    /// sidecar's `Leasehold-Checkpoint-Turn` (the turn that wrote the checkpoint) when it
+    /// sends one, else what the checkpoint itself says.
     pub async fn thaw(&self, key: &str) -> Result<State, WriteError> {
         let response = self.http.get(self.url(key, "checkpoint")).send().await?;
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(State::default());
         }
-        let bytes = Self::check(response).await?.bytes().await?;
-        serde_json::from_slice(&bytes).map_err(|e| WriteError::BadCheckpoint(e.to_string()))
+        let response = Self::check(response).await?;
+        let turn = response
+            .headers()
+            .get("leasehold-checkpoint-turn")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = response.bytes().await?;
+        let mut state: State =
+            serde_json::from_slice(&bytes).map_err(|e| WriteError::BadCheckpoint(e.to_string()))?;
+        if turn.is_some() {
+            state.last_turn = turn;
+        }
+        Ok(state)
     }
 
     pub async fn checkpoint(&self, key: &str, epoch: i64, state: &State) -> Result<(), WriteError> {

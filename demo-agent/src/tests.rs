@@ -49,6 +49,8 @@ struct Fake {
     /// The number of events published so far, to await.
     count: Option<watch::Sender<usize>>,
     checkpoint: Mutex<Option<Vec<u8>>>,
+    /// `Leasehold-Checkpoint-Turn` on a checkpoint read: the turn that wrote it.
+    checkpoint_turn: Mutex<Option<String>>,
     checkpoint_puts: Mutex<Vec<i64>>,
     journal: Mutex<Value>,
     /// Every journal read: (turn id, its `Leasehold-Epoch`).
@@ -60,10 +62,14 @@ fn epoch_of(headers: &HeaderMap) -> Option<i64> {
 }
 
 async fn get_checkpoint(State(fake): State<Arc<Fake>>) -> Response {
-    match fake.checkpoint.lock().unwrap().clone() {
-        Some(bytes) => (StatusCode::OK, [("leasehold-checkpoint-epoch", "1")], bytes).into_response(),
-        None => (StatusCode::NOT_FOUND, Json(json!({"error": "no_checkpoint"}))).into_response(),
+    let Some(bytes) = fake.checkpoint.lock().unwrap().clone() else {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": "no_checkpoint"}))).into_response();
+    };
+    let mut response = (StatusCode::OK, [("leasehold-checkpoint-epoch", "1")], bytes).into_response();
+    if let Some(turn) = fake.checkpoint_turn.lock().unwrap().as_deref() {
+        response.headers_mut().insert("leasehold-checkpoint-turn", turn.parse().unwrap());
     }
+    response
 }
 
 async fn put_checkpoint(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> StatusCode {
@@ -363,4 +369,23 @@ async fn a_turn_whose_request_was_dropped_then_cancelled_publishes_nothing_more(
     assert_eq!(h.kinds(), ["turn_started", "turn_started", "turn_finished"]);
     let stats = h.stats().await;
     assert_eq!((stats.cancels, stats.overlapping_turns), (1, 0), "{stats:?}");
+}
+
+#[tokio::test]
+async fn the_sidecars_checkpoint_turn_tells_a_resume_its_attempt_checkpointed() {
+    let h = Harness::new().await;
+    // A checkpoint without `last_turn` (written by another agent version), but the sidecar
+    // says turn t-3 wrote it.
+    h.set_checkpoint(json!({"history": ["a", "hi"]}));
+    *h.fake.checkpoint_turn.lock().unwrap() = Some("t-3".to_owned());
+    *h.fake.journal.lock().unwrap() = json!([{"id": "1-1", "type": "turn_started", "data": {}}]);
+    let (status, answer) = h.turn("s", 2, "t-3", true, json!({"text": "hi", "tokens": 1})).await;
+    assert_eq!((status, answer["history_len"].clone()), (StatusCode::OK, json!(2)));
+    assert!(h.fake.checkpoint_puts.lock().unwrap().is_empty(), "not appended twice");
+    assert_eq!(h.kinds(), ["token", "turn_finished"]);
+
+    // Another turn's checkpoint: a resume of t-4 appends as usual.
+    let (status, answer) = h.turn("s", 3, "t-4", true, json!({"text": "next", "tokens": 0})).await;
+    assert_eq!((status, answer["history_len"].clone()), (StatusCode::OK, json!(3)));
+    assert_eq!(h.checkpoint(), Some(json!({"history": ["a", "hi", "next"], "last_turn": "t-4"})));
 }

@@ -110,6 +110,11 @@ impl Fixture {
     /// The full world: namespace, database, Secret, an AgentCluster of 3 replicas, all
     /// pods Ready.
     pub async fn start(scenario: &str) -> Fixture {
+        Fixture::start_with(scenario, 3).await
+    }
+
+    /// The full world with an AgentCluster of `replicas` pods, all Ready.
+    pub async fn start_with(scenario: &str, replicas: usize) -> Fixture {
         let mut f = Fixture::namespace(scenario).await;
         let db_name = f.ns.clone();
         let owner = database::url_user(&f.settings.pod_database_url);
@@ -132,12 +137,15 @@ impl Fixture {
             .create(&PostParams::default(), &secret)
             .await
             .expect("create the database Secret");
-        let ac = spec::agent_cluster(CLUSTER, spec::spec_json(&f.settings.agent_image(), 3));
+        let count = i32::try_from(replicas).expect("a replica count");
+        let ac = spec::agent_cluster(CLUSTER, spec::spec_json(&f.settings.agent_image(), count));
         f.clusters().create(&PostParams::default(), &ac).await.expect("create the AgentCluster");
         let started = Instant::now();
-        f.wait_pods("3 Ready pods", START_TIMEOUT, |pods| pods.len() == 3 && pods.iter().all(pods::is_ready))
-            .await;
-        eprintln!("e2e: 3 pods Ready in {:.1}s", started.elapsed().as_secs_f64());
+        f.wait_pods(&format!("{replicas} Ready pods"), START_TIMEOUT, |pods| {
+            pods.len() == replicas && pods.iter().all(pods::is_ready)
+        })
+        .await;
+        eprintln!("e2e: {replicas} pods Ready in {:.1}s", started.elapsed().as_secs_f64());
         f
     }
 

@@ -91,6 +91,7 @@ mod tests {
             chart: "/repo/charts/leasehold".into(),
             helm: "helm".into(),
             helm_values: None,
+            operator_bin: None,
         };
         let joined = helm_args(&settings).join(" ");
         assert_eq!(

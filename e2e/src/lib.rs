@@ -10,6 +10,7 @@ pub mod fixture;
 pub mod install;
 pub mod logs;
 pub mod observer;
+pub mod operators;
 pub mod pods;
 pub mod proxy;
 pub mod report;

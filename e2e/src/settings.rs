@@ -19,6 +19,9 @@ pub struct Settings {
     pub helm: String,
     /// An extra values file passed with `-f`.
     pub helm_values: Option<PathBuf>,
+    /// The operator binary (`LEASEHOLD_E2E_OPERATOR_BIN`), for the scenario that runs
+    /// operator processes of its own beside the chart's (leader election).
+    pub operator_bin: Option<PathBuf>,
 }
 
 /// The repository root (the workspace), against which relative paths are resolved.
@@ -65,6 +68,7 @@ impl Settings {
             chart: path(get("LEASEHOLD_E2E_CHART").unwrap_or_else(|| "charts/leasehold".to_owned())),
             helm: get("LEASEHOLD_E2E_HELM").unwrap_or_else(|| "helm".to_owned()),
             helm_values: get("LEASEHOLD_E2E_HELM_VALUES").map(path),
+            operator_bin: get("LEASEHOLD_E2E_OPERATOR_BIN").map(path),
         })
     }
 
@@ -105,6 +109,7 @@ mod tests {
         assert_eq!(s.chart, PathBuf::from("/repo/charts/leasehold"));
         assert_eq!(s.helm, "helm");
         assert_eq!(s.helm_values, None);
+        assert_eq!(s.operator_bin, None);
         assert_eq!(s.pod_database_url, "postgres://leasehold:pw@10.88.0.1:5432", "trailing slash dropped");
         assert_eq!(s.sidecar_image(), "leasehold/sidecar:e2e");
     }
@@ -130,11 +135,13 @@ mod tests {
             ("LEASEHOLD_E2E_CHART", "/c"),
             ("LEASEHOLD_E2E_HELM", "/bin/helm"),
             ("LEASEHOLD_E2E_HELM_VALUES", "v.yaml"),
+            ("LEASEHOLD_E2E_OPERATOR_BIN", "/t/release/leasehold-operator"),
         ]);
         let s = Settings::from_lookup(lookup(&vars), Path::new("/repo")).unwrap();
         assert_eq!(s.agent_image(), "leasehold/demo-agent:abc");
         assert_eq!(s.chart, PathBuf::from("/c"));
         assert_eq!(s.helm, "/bin/helm");
         assert_eq!(s.helm_values, Some(PathBuf::from("/repo/v.yaml")));
+        assert_eq!(s.operator_bin, Some(PathBuf::from("/t/release/leasehold-operator")));
     }
 }

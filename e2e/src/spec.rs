@@ -10,6 +10,13 @@ use serde_json::json;
 
 /// The documented default TTL: the scenarios compare recovery against it.
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
+/// The spec's heartbeat interval: a node lease is renewed this often.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The soonest a session can come free by its owner's lease lapsing (the owner renewed
+/// at most one heartbeat before it stopped): a session served elsewhere sooner than this
+/// after its owner went away was freed on purpose (handed back or revoked), and one
+/// that waited this long may have been left to lapse. The scenarios' recovery bounds.
+pub const SHORTEST_LAPSE: Duration = LEASE_TTL.saturating_sub(HEARTBEAT);
 /// The Secret and key holding the database URL.
 pub const DB_SECRET: &str = "leasehold-db";
 pub const DB_KEY: &str = "DATABASE_URL";
@@ -36,8 +43,8 @@ pub fn spec_json(agent_image: &str, replicas: i32) -> serde_json::Value {
         "template": { "spec": { "containers": [agent_container(agent_image, &[])] } },
         "agentPort": 3000,
         "sidecar": {
-            "leaseTtl": "15s",
-            "heartbeatInterval": "5s",
+            "leaseTtl": format!("{}s", LEASE_TTL.as_secs()),
+            "heartbeatInterval": format!("{}s", HEARTBEAT.as_secs()),
             "drainTimeout": "10s",
             "logLevel": "info"
         },

@@ -26,19 +26,6 @@ async fn turn_at(
         .unwrap()
 }
 
-/// Ids as (epoch, seq), asserting they strictly increase.
-fn strictly_increasing(ids: &[String]) -> Vec<(i64, u64)> {
-    let parsed: Vec<(i64, u64)> = ids
-        .iter()
-        .map(|id| {
-            let (e, s) = id.split_once('-').unwrap();
-            (e.parse().unwrap(), s.parse().unwrap())
-        })
-        .collect();
-    assert!(parsed.windows(2).all(|w| w[0] < w[1]), "ids must strictly increase: {ids:?}");
-    parsed
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_late_joiners() {
     let _serial = support::serial().await;
@@ -74,11 +61,15 @@ async fn observers_on_other_nodes_see_the_owners_turn_in_order_with_replay_for_l
     }
     // Turn one: 1-1 started, 1-2 finished. Turn two: 1-3 started, 1-4..1-13 tokens, 1-14 finished.
     let all: Vec<(i64, u64)> = (1..=14).map(|s| (1, s)).collect();
-    assert_eq!(strictly_increasing(&on_b.ids()), all, "B: from the first event, no gap, no duplicate");
-    assert_eq!(strictly_increasing(&on_c.ids()), all, "C: the same");
+    assert_eq!(
+        support::strictly_increasing(&on_b.ids()),
+        all,
+        "B: from the first event, no gap, no duplicate"
+    );
+    assert_eq!(support::strictly_increasing(&on_c.ids()), all, "C: the same");
     let late: Vec<(i64, u64)> = (3..=14).map(|s| (1, s)).collect();
     assert_eq!(
-        strictly_increasing(&late_on_c.ids()),
+        support::strictly_increasing(&late_on_c.ids()),
         late,
         "late joiner: the current turn by replay, then live"
     );
@@ -113,7 +104,7 @@ async fn observers_follow_the_session_when_its_owner_dies() {
             !observer.seen.iter().any(|f| f.event.as_deref() == Some("reconnect")),
             "{name} kept its connection"
         );
-        let ids = strictly_increasing(&observer.ids());
+        let ids = support::strictly_increasing(&observer.ids());
         let first_new = ids.iter().position(|(e, _)| *e == 2).expect("saw epoch 2");
         assert!(
             ids[first_new..].iter().all(|(e, _)| *e == 2),
@@ -168,7 +159,7 @@ async fn a_stream_with_no_owner_stays_open_and_says_idle() {
     // The first turn gives it an owner; the observer sees it without reconnecting.
     turn_at(&cluster, 0, "nobody-yet", json!({ "text": "hi", "tokens": 1 })).await;
     observer.until(WAIT, turn_finished(1)).await.unwrap();
-    assert_eq!(strictly_increasing(&observer.ids()), [(1, 1), (1, 2), (1, 3)]);
+    assert_eq!(support::strictly_increasing(&observer.ids()), [(1, 1), (1, 2), (1, 3)]);
 }
 
 /// An observer that joins while the session is idle (released) sees the next owner's
@@ -193,7 +184,12 @@ async fn an_observer_joining_an_idle_session_gets_only_what_comes_after() {
     observer.until(WAIT, |f| f.event.as_deref() == Some("idle")).await.unwrap();
     turn_at(&cluster, 0, key, json!({ "text": "new", "tokens": 1 })).await;
     observer.until(WAIT, turn_finished(3)).await.unwrap();
-    assert_eq!(strictly_increasing(&observer.ids()), [(2, 1), (2, 2), (2, 3)], "{:?}", observer.seen);
+    assert_eq!(
+        support::strictly_increasing(&observer.ids()),
+        [(2, 1), (2, 2), (2, 3)],
+        "{:?}",
+        observer.seen
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -206,7 +202,11 @@ async fn resuming_with_last_event_id_and_bad_ids() {
     let mut observer = Observer::open(&stream_url(&cluster, 1, key), Some("1-2")).await.unwrap();
     observer.until(WAIT, turn_finished(2)).await.unwrap();
     let expected: Vec<(i64, u64)> = (3..=8).map(|s| (1, s)).collect();
-    assert_eq!(strictly_increasing(&observer.ids()), expected, "everything after 1-2, across both turns");
+    assert_eq!(
+        support::strictly_increasing(&observer.ids()),
+        expected,
+        "everything after 1-2, across both turns"
+    );
     let bad = reqwest::get(format!("{}?after=banana", stream_url(&cluster, 0, key))).await.unwrap();
     assert_eq!(bad.status(), 400);
 }
@@ -309,4 +309,140 @@ async fn sessions_turned_once_and_released_leave_no_hub_behind() {
     let after = rss_bytes(node.sidecar.pid());
     eprintln!("sidecar RSS after 1 000 released sessions {warm} B, after 10 000 {after} B");
     assert!(after <= warm + RSS_GROWTH_BOUND, "RSS grew from {warm} to {after} bytes");
+}
+
+/// The ids `(epoch, first..=last)`.
+fn run(epoch: i64, seqs: std::ops::RangeInclusive<u64>) -> Vec<(i64, u64)> {
+    seqs.map(|s| (epoch, s)).collect()
+}
+
+/// CONTRACT §9: `Last-Event-ID` replays from the journal when memory no longer has it. The
+/// owner is killed; the new owner (and a node that follows it) hold nothing of epoch 1 in
+/// memory, yet an observer resuming after an event of epoch 1 gets the rest of epoch 1
+/// from the journal, then epoch 2 (memory), then a turn running as it connects (live):
+/// each event once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn last_event_id_of_a_dead_owners_epoch_replays_the_rest_from_the_journal() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { lease_ttl: Duration::from_secs(2), ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "journal-after-failover";
+    // Epoch 1: 1-1 started, 1-2..1-6 tokens, 1-7 finished.
+    let first = turn_at(&cluster, 0, key, json!({ "text": "one", "tokens": 5 })).await;
+    assert_eq!((first.status, first.epoch), (200, Some(1)));
+
+    cluster.nodes[0].kill9();
+    let survivors = leasehold_sidecar::client::Client::new(vec![
+        cluster.nodes[1].public_url(),
+        cluster.nodes[2].public_url(),
+    ]);
+    // Epoch 2: 2-1 started, 2-2..2-4 tokens, 2-5 finished.
+    let second = survivors.turn(key, &json!({ "text": "two", "tokens": 3 })).await.unwrap();
+    assert_eq!((second.status, second.epoch), (200, Some(2)));
+    let owner = cluster.index_of(second.owner.as_deref().expect("the answer names its owner"));
+    let other = if owner == 1 { 2 } else { 1 };
+
+    // A third turn is running while they connect (2-6 started, 2-7..2-16, 2-17 finished).
+    let mut watcher = Observer::open(&stream_url(&cluster, owner, key), None).await.unwrap();
+    let third = tokio::spawn({
+        let client = cluster.client();
+        async move {
+            let body = json!({ "text": "three", "tokens": 10, "think_ms": 1000 }).to_string();
+            client.post(&format!("/v1/sessions/{key}/turns"), body.into(), Some(owner)).await.unwrap()
+        }
+    });
+    watcher.until(WAIT, |f| f.id.as_deref() == Some("2-7")).await.unwrap();
+    let mut on_owner = Observer::open(&stream_url(&cluster, owner, key), Some("1-2")).await.unwrap();
+    let mut on_other = Observer::open(&stream_url(&cluster, other, key), Some("1-2")).await.unwrap();
+    assert_eq!(third.await.unwrap().status, 200);
+
+    let expected: Vec<(i64, u64)> = [run(1, 3..=7), run(2, 1..=17)].concat();
+    for (name, observer) in [("owner", &mut on_owner), ("follower", &mut on_other)] {
+        observer.until(WAIT, turn_finished(3)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            support::strictly_increasing(&observer.ids()),
+            expected,
+            "{name}: the rest of epoch 1 (journal), epoch 2 so far (memory), the rest live; {:?}",
+            observer.seen
+        );
+        let controls: Vec<_> = observer.seen.iter().filter(|f| f.id.is_none()).collect();
+        assert!(controls.is_empty(), "{name}: no gap reported, nothing cut: {controls:?}");
+    }
+}
+
+/// A late observer resuming from the start of a session with 10 002 journaled events and
+/// no owner (so nothing in any node's memory) gets the first 10 000 from the journal in
+/// one connection, then `overflow` (the per-connect bound), and the rest by resuming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_journaled_events_replay_to_a_late_observer() {
+    /// Replaying 10 000 small events from the journal must not take longer than this
+    /// (debug build, shared 2-core machine); the measured time is printed.
+    const REPLAY_BOUND: Duration = Duration::from_secs(20);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 2, ..ClusterOptions::default() };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "ten-thousand";
+    let turn = turn_at(&cluster, 0, key, json!({ "text": "long", "tokens": 10_000 })).await;
+    assert_eq!(turn.status, 200);
+    // Hand the session back: no owner, and no node keeps its events in memory.
+    cluster.nodes[0].drain().await;
+
+    let started = tokio::time::Instant::now();
+    let mut late = Observer::open(&stream_url(&cluster, 1, key), Some("1-0")).await.unwrap();
+    late.until(WAIT * 2, |f| f.id.as_deref() == Some("1-10000")).await.unwrap();
+    let took = started.elapsed();
+    eprintln!("10 000 journaled events replayed to a late observer in {took:?}");
+    assert!(took < REPLAY_BOUND, "replay took {took:?}");
+    assert_eq!(support::strictly_increasing(&late.ids()), run(1, 1..=10_000));
+    let overflow = late.until(WAIT, |f| f.id.is_none() && f.event.as_deref() != Some("idle")).await.unwrap();
+    assert_eq!(overflow.event.as_deref(), Some("overflow"), "{overflow:?}");
+    let data: serde_json::Value = serde_json::from_str(&overflow.data).unwrap();
+    assert_eq!(data["last_event_id"], "1-10000");
+    assert!(late.next(WAIT).await.is_none(), "the stream closes after overflow");
+
+    let mut resumed = Observer::open(&stream_url(&cluster, 1, key), Some("1-10000")).await.unwrap();
+    resumed.until(WAIT, turn_finished(1)).await.unwrap();
+    assert_eq!(support::strictly_increasing(&resumed.ids()), run(1, 10_001..=10_002));
+}
+
+/// The journal cannot be read (node-b is cut off from the store) when an observer resumes
+/// after an id node-b's memory no longer reaches: the stream says what it missed
+/// (`missed`) and goes on with what memory holds, then live; it is not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_outage_during_the_journal_read_serves_memory_and_says_what_is_missing() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let link = localcluster::Link::to_database(&db).await.unwrap();
+    let options = ClusterOptions {
+        nodes: 2,
+        database_urls: vec![None, Some(link.database_url(&db))],
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "journal-unreachable";
+    // 1-1 started, 1-2..1-1101 tokens, 1-1102 finished: memory keeps the last 1024.
+    turn_at(&cluster, 0, key, json!({ "text": "long", "tokens": 1100 })).await;
+    let oldest_kept = 1102 - leasehold_sidecar::observe::REPLAY_CAPACITY as u64 + 1;
+    // node-b follows node-a and holds its buffer.
+    let mut watcher = Observer::open(&stream_url(&cluster, 1, key), None).await.unwrap();
+    watcher.until(WAIT, turn_finished(1)).await.unwrap();
+
+    link.cut();
+    let mut resumed = Observer::open(&stream_url(&cluster, 1, key), Some("1-1")).await.unwrap();
+    let notice = resumed.next(WAIT).await.expect("a first frame");
+    assert_eq!((notice.id.as_deref(), notice.event.as_deref()), (None, Some("missed")), "{notice:?}");
+    let data: serde_json::Value = serde_json::from_str(&notice.data).unwrap();
+    assert_eq!(data["last_event_id"], "1-1");
+    assert_eq!(data["next_event_id"], format!("1-{oldest_kept}"));
+    assert_eq!(data["missed"], oldest_kept - 2);
+    assert_eq!(data["reason"], "store_unavailable");
+    resumed.until(WAIT, turn_finished(1)).await.unwrap();
+    assert_eq!(support::strictly_increasing(&resumed.ids()), run(1, oldest_kept..=1102), "memory, all of it");
+    link.mend();
+    // Live goes on (node-a owns the session and its store link is whole).
+    turn_at(&cluster, 0, key, json!({ "text": "more", "tokens": 1 })).await;
+    resumed.until(WAIT, turn_finished(2)).await.unwrap();
+    assert!(!resumed.closed(), "the stream was not failed");
 }

@@ -168,26 +168,33 @@ fn port(name: &str, port: i32) -> ContainerPort {
 fn sidecar(ac: &AgentCluster, image: &str) -> Container {
     let spec = &ac.spec;
     let s = &spec.sidecar;
+    let mut env_vars = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_IP", "status.podIP"),
+        secret_env("DATABASE_URL", &spec.database.secret_name, &spec.database.key),
+        secret_env("LEASEHOLD_CLUSTER_SECRET", &cluster_secret_name(ac), &cluster_secret_key(ac)),
+        optional_secret_env(
+            "LEASEHOLD_CLUSTER_SECRET_PREVIOUS",
+            &cluster_secret_name(ac),
+            &previous_cluster_secret_key(ac),
+        ),
+        env("LEASEHOLD_AGENT_URL", format!("http://127.0.0.1:{}", spec.agent_port)),
+        env("LEASEHOLD_LEASE_TTL", &s.lease_ttl),
+        env("LEASEHOLD_HEARTBEAT_INTERVAL", &s.heartbeat_interval),
+        env("LEASEHOLD_DRAIN_TIMEOUT", &s.drain_timeout),
+        env("LEASEHOLD_LOG", &s.log_level),
+        env("LEASEHOLD_MULTITASK", spec.turns.multitask.as_str()),
+        env("LEASEHOLD_QUEUE_LIMIT", spec.turns.queue_limit.to_string()),
+    ];
+    // Unset, the sidecar's own default applies.
+    if let Some(bytes) = spec.turns.max_answer_bytes {
+        env_vars.push(env("LEASEHOLD_MAX_ANSWER_BYTES", bytes.to_string()));
+    }
     Container {
         name: SIDECAR_CONTAINER.to_owned(),
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-            field_env("POD_IP", "status.podIP"),
-            secret_env("DATABASE_URL", &spec.database.secret_name, &spec.database.key),
-            secret_env("LEASEHOLD_CLUSTER_SECRET", &cluster_secret_name(ac), &cluster_secret_key(ac)),
-            optional_secret_env(
-                "LEASEHOLD_CLUSTER_SECRET_PREVIOUS",
-                &cluster_secret_name(ac),
-                &previous_cluster_secret_key(ac),
-            ),
-            env("LEASEHOLD_AGENT_URL", format!("http://127.0.0.1:{}", spec.agent_port)),
-            env("LEASEHOLD_LEASE_TTL", &s.lease_ttl),
-            env("LEASEHOLD_HEARTBEAT_INTERVAL", &s.heartbeat_interval),
-            env("LEASEHOLD_DRAIN_TIMEOUT", &s.drain_timeout),
-            env("LEASEHOLD_LOG", &s.log_level),
-        ]),
+        env: Some(env_vars),
         ports: Some(vec![port("public", PUBLIC_PORT), port("peer", PEER_PORT), port("admin", ADMIN_PORT)]),
         readiness_probe: Some(Probe {
             http_get: Some(admin_get("/readyz")),
@@ -227,6 +234,12 @@ pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
         "sidecar": spec.sidecar,
         "database": spec.database,
         "clusterSecret": spec.cluster_secret,
+        // What the sidecar reads; answerRetention is the operator's alone and rolls nothing.
+        "turns": {
+            "multitask": spec.turns.multitask,
+            "queueLimit": spec.turns.queue_limit,
+            "maxAnswerBytes": spec.turns.max_answer_bytes,
+        },
         "image": image,
     });
     hex::encode(&Sha256::digest(shaping.to_string().as_bytes())[..8])

@@ -17,6 +17,7 @@ use kube::{
     runtime::{
         controller::Action,
         events::{Event, EventType, Recorder},
+        reflector::ObjectRef,
     },
     Api, Client, Resource, ResourceExt,
 };
@@ -114,8 +115,8 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
         }
     };
     ensure_cluster_secret(ctx, &ns, ac).await?;
-    // Read on every reconcile (at least every STATUS_REFRESH): a changed value rolls the
-    // pods without the operator needing to list or watch Secrets.
+    // Read on every reconcile: an edit of the Secret triggers one (`secret_triggers`),
+    // and a changed value rolls the pods through the version annotation.
     let keys = cluster_keys(ctx, &ns, ac).await?;
     let built = build::deployment(ac, &timings, &ctx.sidecar_image, &keys.version());
     let deployment = apply(&ctx.api::<Deployment>(&ns), &built).await?;
@@ -134,7 +135,11 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     let total: i64 = leases.values().sum();
     ctx.metrics.leases(&ns, &ac.name_any(), total);
     if degraded.is_none() {
-        collect_expired(ctx, &ns, ac, timings.session_retention).await;
+        let retentions = crate::retention::Retentions {
+            sessions: timings.session_retention,
+            answers: timings.answer_retention,
+        };
+        collect_expired(ctx, &ns, ac, retentions).await;
     }
     set_deletion_costs(ctx, &ns, &pods, &leases).await?;
     let d = deployment.status.unwrap_or_default();
@@ -256,18 +261,28 @@ async fn ensure_cluster_secret(ctx: &Context, ns: &str, ac: &AgentCluster) -> Re
 
 /// Retention of the cluster's database, when due: failures are logged and counted, never
 /// a reason to fail the reconcile.
-async fn collect_expired(ctx: &Context, ns: &str, ac: &AgentCluster, retention: Duration) {
+async fn collect_expired(
+    ctx: &Context,
+    ns: &str,
+    ac: &AgentCluster,
+    retentions: crate::retention::Retentions,
+) {
     let collected = async {
         let url = database_url(ctx, ns, ac).await?;
         if !ctx.retention.due(&url, std::time::Instant::now()) {
             return Ok(None);
         }
         let store = ctx.stores.get(&url)?;
-        crate::retention::collect(&store, retention, &ctx.metrics).await.map(Some)
+        crate::retention::collect(&store, retentions, &ctx.metrics).await.map(Some)
     };
     match collected.await {
-        Ok(Some(done)) if done.sessions + done.nodes > 0 => {
-            tracing::info!(sessions = done.sessions, nodes = done.nodes, "retention collected");
+        Ok(Some(done)) if done.sessions + done.nodes + done.turns > 0 => {
+            tracing::info!(
+                sessions = done.sessions,
+                nodes = done.nodes,
+                turns = done.turns,
+                "retention collected"
+            );
         }
         Ok(_) => {}
         Err(e) => {
@@ -323,6 +338,22 @@ pub async fn cluster_keys(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<
     Ok(ClusterKeys::new(current.expect("the first key is required"), previous))
 }
 
+/// The clusters that name the Secret `namespace/name` (cluster secret or database
+/// Secret): an edit of it reconciles them, so a new cluster-secret value rolls their pods
+/// at once and a fixed database Secret clears `StoreUnavailable`.
+pub fn secret_users<'a>(
+    clusters: impl IntoIterator<Item = &'a AgentCluster>,
+    namespace: &str,
+    name: &str,
+) -> Vec<ObjectRef<AgentCluster>> {
+    clusters
+        .into_iter()
+        .filter(|ac| ac.namespace().as_deref() == Some(namespace))
+        .filter(|ac| build::cluster_secret_name(ac) == name || ac.spec.database.secret_name == name)
+        .map(ObjectRef::from_obj)
+        .collect()
+}
+
 pub async fn cluster_pods(ctx: &Context, ns: &str, ac: &AgentCluster) -> Result<Vec<Pod>> {
     let selector = format!("{CLUSTER_LABEL}={}", ac.name_any());
     let pods =
@@ -364,4 +395,58 @@ async fn set_deletion_costs(
             .map_err(kube("set pod-deletion-cost"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(namespace: &str, name: &str, cluster_secret: Option<&str>, database: &str) -> AgentCluster {
+        let mut spec = json!({
+            "replicas": 1,
+            "template": { "spec": { "containers": [{ "name": "agent", "image": "agent" }] } },
+            "database": { "secretName": database },
+        });
+        if let Some(secret) = cluster_secret {
+            spec["clusterSecret"] = json!({ "secretName": secret });
+        }
+        let mut ac: AgentCluster = serde_json::from_value(json!({
+            "apiVersion": "leasehold.dev/v1alpha1",
+            "kind": "AgentCluster",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": spec,
+        }))
+        .expect("an AgentCluster");
+        ac.metadata.namespace = Some(namespace.to_owned());
+        ac
+    }
+
+    fn names(refs: Vec<ObjectRef<AgentCluster>>) -> Vec<String> {
+        let mut names: Vec<String> =
+            refs.iter().map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or(""), r.name)).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_secret_edit_reconciles_exactly_the_clusters_that_name_it() {
+        let clusters = [
+            cluster("a", "chat", None, "db"),
+            cluster("a", "search", Some("shared-peer"), "db"),
+            cluster("a", "other", Some("shared-peer"), "db-2"),
+            cluster("b", "chat", None, "db"),
+        ];
+        // The generated cluster secret `<name>-cluster-secret`, in its own namespace only.
+        assert_eq!(names(secret_users(&clusters, "a", "chat-cluster-secret")), ["a/chat"]);
+        assert_eq!(names(secret_users(&clusters, "b", "chat-cluster-secret")), ["b/chat"]);
+        // A named cluster secret shared by two clusters.
+        assert_eq!(names(secret_users(&clusters, "a", "shared-peer")), ["a/other", "a/search"]);
+        // The database Secret.
+        assert_eq!(names(secret_users(&clusters, "a", "db")), ["a/chat", "a/search"]);
+        assert_eq!(names(secret_users(&clusters, "b", "db")), ["b/chat"]);
+        // Anything else reconciles nothing.
+        assert!(secret_users(&clusters, "a", "unrelated").is_empty());
+        assert!(secret_users(&clusters, "c", "db").is_empty());
+        assert!(secret_users(&clusters, "b", "shared-peer").is_empty());
+    }
 }

@@ -36,6 +36,7 @@ pub struct Metrics {
     leases: Family<ClusterLabel, Gauge>,
     collected_sessions: Counter,
     collected_nodes: Counter,
+    collected_turns: Counter,
 }
 
 impl Default for Metrics {
@@ -50,6 +51,7 @@ impl Default for Metrics {
             leases: Family::default(),
             collected_sessions: Counter::default(),
             collected_nodes: Counter::default(),
+            collected_turns: Counter::default(),
         };
         registry.register("reconciles", "AgentCluster reconciliations", m.reconciles.clone());
         registry.register("errors", "Reconcile and pod-handling errors by kind", m.errors.clone());
@@ -69,6 +71,11 @@ impl Default for Metrics {
             "collected_nodes",
             "Node rows of long-dead sidecar processes deleted by retention",
             m.collected_nodes.clone(),
+        );
+        registry.register(
+            "collected_turns",
+            "Finished turns deleted with their answers and events by retention (past turns.answerRetention)",
+            m.collected_turns.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -90,6 +97,9 @@ impl Metrics {
     pub fn collected(&self, sessions: u64, nodes: u64) {
         self.collected_sessions.inc_by(sessions);
         self.collected_nodes.inc_by(nodes);
+    }
+    pub fn collected_turns(&self, turns: u64) {
+        self.collected_turns.inc_by(turns);
     }
     pub fn leases(&self, namespace: &str, cluster: &str, n: i64) {
         self.leases

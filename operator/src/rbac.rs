@@ -14,8 +14,10 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "services", &["list", "watch", "create", "patch"]),
     ("policy", "poddisruptionbudgets", &["list", "watch", "create", "patch"]),
     ("networking.k8s.io", "networkpolicies", &["list", "watch", "create", "patch"]),
-    // The database URL is read; the cluster secret is created once if absent.
-    ("", "secrets", &["get", "create"]),
+    // The database URL and the cluster secret are read; the cluster secret is created once
+    // if absent; Secrets are watched (metadata only) so an edit of one a cluster names is
+    // acted on at once (a cluster-secret rotation rolls the pods).
+    ("", "secrets", &["get", "list", "watch", "create"]),
     // Pods are listed (status, leases) and watched (drain, revoke); deletion cost patched.
     ("", "pods", &["list", "watch", "patch"]),
     // Kubernetes Events for drains, revocations and errors (series are patched).

@@ -1,6 +1,12 @@
 //! Retention: sessions nobody holds are deleted after the cluster's `sessionRetention`,
-//! and node rows of sidecar processes dead for a day once no session names them; in
-//! small batches, at most once per interval per database (`LeaseStore::collect`).
+//! node rows of sidecar processes dead for a day once no session names them
+//! (`LeaseStore::collect`), and finished turns with their recorded answers and events
+//! after the cluster's `turns.answerRetention` (`LeaseStore::collect_turns`); in small
+//! batches, at most once per interval per database.
+//!
+//! Like sessions, answers are collected with the retention of the cluster whose reconcile
+//! found the database due: a database belongs to one AgentCluster (docs/install.md), and
+//! the journal does not record which cluster wrote a turn.
 
 use std::{
     collections::HashMap,
@@ -8,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use leasehold_core::store::{retention::Collected, LeaseStore};
+use leasehold_core::store::LeaseStore;
 
 use crate::{error::Result, metrics::Metrics};
 
@@ -43,15 +49,42 @@ impl Schedule {
     }
 }
 
-/// One pass over `store`: batches until one is not full (or the pass's limit).
-pub async fn collect(store: &LeaseStore, sessions: Duration, metrics: &Metrics) -> Result<Collected> {
+/// The retentions of one cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retentions {
+    /// `spec.sessionRetention`.
+    pub sessions: Duration,
+    /// `spec.turns.answerRetention`.
+    pub answers: Duration,
+}
+
+/// What one pass deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub sessions: u64,
+    pub nodes: u64,
+    /// Finished or cancelled turns, with their answers and events.
+    pub turns: u64,
+}
+
+/// One pass over `store`: sessions (with their turns) first, then the answers of the
+/// sessions left; each in batches until one is not full (or the pass's limit).
+pub async fn collect(store: &LeaseStore, retentions: Retentions, metrics: &Metrics) -> Result<Collected> {
     let mut total = Collected::default();
     for _ in 0..MAX_BATCHES {
-        let batch = store.collect(sessions, NODE_RETENTION, BATCH).await?;
+        let batch = store.collect(retentions.sessions, NODE_RETENTION, BATCH).await?;
         metrics.collected(batch.sessions, batch.nodes);
         total.sessions += batch.sessions;
         total.nodes += batch.nodes;
         if batch.sessions < BATCH as u64 && batch.nodes < BATCH as u64 {
+            break;
+        }
+    }
+    for _ in 0..MAX_BATCHES {
+        let turns = store.collect_turns(retentions.answers, BATCH).await?;
+        metrics.collected_turns(turns);
+        total.turns += turns;
+        if turns < BATCH as u64 {
             break;
         }
     }

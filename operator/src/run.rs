@@ -7,23 +7,24 @@ use futures_util::StreamExt;
 use k8s_openapi::api::{
     apps::v1::Deployment,
     coordination::v1::Lease,
-    core::v1::{Pod, Service},
+    core::v1::{Pod, Secret, Service},
     networking::v1::NetworkPolicy,
     policy::v1::PodDisruptionBudget,
 };
 use kube::{
+    core::PartialObjectMeta,
     runtime::{
         controller::Controller,
         events::{Recorder, Reporter},
         watcher,
     },
-    Api, Client,
+    Api, Client, ResourceExt,
 };
 use leasehold_crds::AgentCluster;
 
 use crate::{
     args::Args,
-    controller::{error_policy, reconcile, Context},
+    controller::{error_policy, reconcile, secret_users, Context},
     leader::LeaderElection,
     metrics::{self, Metrics},
     pods,
@@ -81,7 +82,15 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
     });
     let config = watcher::Config::default();
     let lease_changes = ctx.stores.lease_changes(LEASE_CHANGES_COALESCE);
-    let controller = Controller::new(api::<AgentCluster>(&client, ns), config.clone())
+    let controller = Controller::new(api::<AgentCluster>(&client, ns), config.clone());
+    // Secrets are watched by their metadata only (an `Api` of `PartialObjectMeta` asks
+    // for no values): an edit of one a cluster names reconciles it (`secret_users`).
+    let clusters = controller.store();
+    let controller = controller
+        .watches(api::<PartialObjectMeta<Secret>>(&client, ns), config.clone(), move |secret| {
+            let (namespace, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+            secret_users(clusters.state().iter().map(|ac| ac.as_ref()), &namespace, &name)
+        })
         .owns(api::<Deployment>(&client, ns), config.clone())
         .owns(api::<Service>(&client, ns), config.clone())
         .owns(api::<PodDisruptionBudget>(&client, ns), config.clone())

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold_crds::AgentClusterSpec;
+use leasehold_crds::{AgentClusterSpec, MAX_ANSWER_BYTES_LIMIT, MAX_QUEUE_LIMIT, MIN_QUEUE_LIMIT};
 
 /// Ports the sidecar listens on inside every pod (CONTRACT §2 defaults).
 pub const PUBLIC_PORT: i32 = 8080;
@@ -18,13 +18,19 @@ pub const SIDECAR_CONTAINER: &str = "leasehold-sidecar";
 /// The shortest session retention: far longer than any write can be in flight.
 pub const MIN_SESSION_RETENTION: Duration = Duration::from_secs(3600);
 
-/// The sidecar timings and the retention, parsed.
+/// The shortest answer retention: a repeat of an Idempotency-Key must find its answer, and
+/// clients re-send a turn for under a minute (the sidecar's retry budgets are 30–45 s).
+pub const MIN_ANSWER_RETENTION: Duration = Duration::from_secs(300);
+
+/// The sidecar timings and the retentions, parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
     pub lease_ttl: Duration,
     pub heartbeat: Duration,
     pub drain_timeout: Duration,
     pub session_retention: Duration,
+    /// `spec.turns.answerRetention`: finished turns older than this are collected.
+    pub answer_retention: Duration,
 }
 
 fn duration(field: &str, value: &str, problems: &mut Vec<String>) -> Option<Duration> {
@@ -57,6 +63,22 @@ pub fn validate(spec: &AgentClusterSpec) -> Result<Timings, Vec<String>> {
     if retention.is_some_and(|r| r < MIN_SESSION_RETENTION) {
         problems.push("spec.sessionRetention must be at least 1h".to_owned());
     }
+    let turns = &spec.turns;
+    let answers = duration("turns.answerRetention", &turns.answer_retention, &mut problems);
+    if answers.is_some_and(|r| r < MIN_ANSWER_RETENTION) {
+        problems.push("spec.turns.answerRetention must be at least 5m".to_owned());
+    }
+    if !(MIN_QUEUE_LIMIT..=MAX_QUEUE_LIMIT).contains(&turns.queue_limit) {
+        problems.push(format!(
+            "spec.turns.queueLimit: {} must be between {MIN_QUEUE_LIMIT} and {MAX_QUEUE_LIMIT}",
+            turns.queue_limit
+        ));
+    }
+    if let Some(bytes) = turns.max_answer_bytes.filter(|b| !(1..=MAX_ANSWER_BYTES_LIMIT).contains(b)) {
+        problems.push(format!(
+            "spec.turns.maxAnswerBytes: {bytes} must be between 1 and {MAX_ANSWER_BYTES_LIMIT}"
+        ));
+    }
     if let (Some(ttl), Some(heartbeat)) = (ttl, heartbeat) {
         if heartbeat * 2 >= ttl {
             problems.push("spec.sidecar.heartbeatInterval must be less than half of leaseTtl".to_owned());
@@ -87,10 +109,15 @@ pub fn validate(spec: &AgentClusterSpec) -> Result<Timings, Vec<String>> {
     if spec.database.secret_name.is_empty() {
         problems.push("spec.database.secretName is required".to_owned());
     }
-    match (ttl, heartbeat, drain, retention, problems.is_empty()) {
-        (Some(lease_ttl), Some(heartbeat), Some(drain_timeout), Some(session_retention), true) => {
-            Ok(Timings { lease_ttl, heartbeat, drain_timeout, session_retention })
-        }
+    match (ttl, heartbeat, drain, retention, answers, problems.is_empty()) {
+        (
+            Some(lease_ttl),
+            Some(heartbeat),
+            Some(drain_timeout),
+            Some(session_retention),
+            Some(answer_retention),
+            true,
+        ) => Ok(Timings { lease_ttl, heartbeat, drain_timeout, session_retention, answer_retention }),
         _ => Err(problems),
     }
 }

@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use k8s_openapi::{api::core::v1::Container, apimachinery::pkg::util::intstr::IntOrString};
-use leasehold_crds::AgentCluster;
+use leasehold_crds::{AgentCluster, Multitask};
 use leasehold_operator::{
     build::{self, CLUSTER_LABEL, TEMPLATE_HASH},
     cluster_keys::{ClusterKeys, SECRET_VERSION},
-    validate::{validate, Timings, SIDECAR_CONTAINER},
+    validate::{validate, Timings, MIN_ANSWER_RETENTION, SIDECAR_CONTAINER},
 };
 
 const IMAGE: &str = "leasehold/sidecar:default";
@@ -17,6 +17,15 @@ const VERSION: &str = "0123456789abcdef";
 fn fixture(name: &str) -> AgentCluster {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn sidecar_of(d: &k8s_openapi::api::apps::v1::Deployment) -> Container {
+    let pod = d.spec.template.spec.as_ref().unwrap();
+    pod.containers.iter().find(|c| c.name == SIDECAR_CONTAINER).unwrap().clone()
+}
+
+fn env_value(c: &Container, name: &str) -> Option<String> {
+    c.env.as_ref().unwrap().iter().find(|e| e.name == name).and_then(|e| e.value.clone())
 }
 
 fn env<'a>(c: &'a Container, name: &str) -> &'a k8s_openapi::api::core::v1::EnvVar {
@@ -34,6 +43,7 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
             heartbeat: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(25),
             session_retention: Duration::from_secs(720 * 3600),
+            answer_retention: Duration::from_secs(24 * 3600),
         }
     );
     let d = build::deployment(&ac, &timings, IMAGE, VERSION);
@@ -262,9 +272,15 @@ fn invalid_specs_report_every_problem() {
     let ac = fixture("invalid.yaml");
     let problems = validate(&ac.spec).unwrap_err();
     let all = problems.join("\n");
-    for expected in
-        ["spec.replicas", "spec.agentPort", "drainTimeout", "reserved for the sidecar", "collides"]
-    {
+    for expected in [
+        "spec.replicas",
+        "spec.agentPort",
+        "drainTimeout",
+        "reserved for the sidecar",
+        "collides",
+        "spec.turns.answerRetention",
+        "spec.turns.queueLimit",
+    ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
     let mut hb = fixture("basic.yaml");
@@ -275,4 +291,108 @@ fn invalid_specs_report_every_problem() {
     assert_eq!(validate(&short.spec).unwrap_err(), ["spec.sessionRetention must be at least 1h"]);
     short.spec.session_retention = "soon".into();
     assert!(validate(&short.spec).unwrap_err()[0].starts_with("spec.sessionRetention: \"soon\""));
+}
+
+/// `spec.turns` reaches the sidecar as its flags' env: the documented defaults when the
+/// spec says nothing (and no max answer size, so the sidecar's own applies), the spec's
+/// values when it does.
+#[test]
+fn the_sidecar_gets_the_turn_settings_as_env() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let sidecar = sidecar_of(&build::deployment(&ac, &timings, IMAGE, VERSION));
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_MULTITASK").as_deref(), Some("enqueue"));
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_QUEUE_LIMIT").as_deref(), Some("16"));
+    assert!(
+        !sidecar.env.as_ref().unwrap().iter().any(|e| e.name == "LEASEHOLD_MAX_ANSWER_BYTES"),
+        "unset: the sidecar's default"
+    );
+    assert_eq!(timings.answer_retention, Duration::from_secs(24 * 3600), "answerRetention defaults to 24h");
+
+    for (policy, value) in
+        [(Multitask::Enqueue, "enqueue"), (Multitask::Reject, "reject"), (Multitask::Interrupt, "interrupt")]
+    {
+        let mut set = ac.clone();
+        set.spec.turns.multitask = policy;
+        set.spec.turns.queue_limit = 250;
+        set.spec.turns.max_answer_bytes = Some(65_536);
+        let timings = validate(&set.spec).unwrap();
+        let sidecar = sidecar_of(&build::deployment(&set, &timings, IMAGE, VERSION));
+        assert_eq!(env_value(&sidecar, "LEASEHOLD_MULTITASK").as_deref(), Some(value));
+        assert_eq!(env_value(&sidecar, "LEASEHOLD_QUEUE_LIMIT").as_deref(), Some("250"));
+        assert_eq!(env_value(&sidecar, "LEASEHOLD_MAX_ANSWER_BYTES").as_deref(), Some("65536"));
+        let names: Vec<_> = sidecar.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "each variable once: {names:?}");
+    }
+}
+
+/// What the sidecar reads rolls the pods (the pod template and its hash change); the
+/// answer retention is the operator's alone and leaves the template as it was.
+#[test]
+fn turn_settings_roll_the_pods_and_answer_retention_does_not() {
+    let ac = fixture("basic.yaml");
+    let template = |ac: &AgentCluster| {
+        let timings = validate(&ac.spec).unwrap();
+        build::deployment(ac, &timings, IMAGE, VERSION).spec.template
+    };
+    let hash = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| {
+        t.metadata.as_ref().unwrap().annotations.as_ref().unwrap()[TEMPLATE_HASH].clone()
+    };
+    let before = template(&ac);
+    type Change = fn(&mut AgentCluster);
+    let changes: [(&str, Change); 3] = [
+        ("multitask", |ac| ac.spec.turns.multitask = Multitask::Interrupt),
+        ("queueLimit", |ac| ac.spec.turns.queue_limit = 17),
+        ("maxAnswerBytes", |ac| ac.spec.turns.max_answer_bytes = Some(1024)),
+    ];
+    for (field, change) in changes {
+        let mut changed = ac.clone();
+        change(&mut changed);
+        let after = template(&changed);
+        assert_ne!(before.spec, after.spec, "{field}: the sidecar's env changes");
+        assert_ne!(hash(&before), hash(&after), "{field}: the template hash changes");
+    }
+    let mut kept = ac.clone();
+    kept.spec.turns.answer_retention = "1h".into();
+    assert_eq!(validate(&kept.spec).unwrap().answer_retention, Duration::from_secs(3600));
+    assert_eq!(before, template(&kept), "answerRetention does not roll the pods");
+}
+
+#[test]
+fn invalid_turn_settings_are_named() {
+    let base = fixture("basic.yaml");
+    let problems = |change: &dyn Fn(&mut AgentCluster)| {
+        let mut ac = base.clone();
+        change(&mut ac);
+        validate(&ac.spec).unwrap_err()
+    };
+    assert_eq!(
+        problems(&|ac| ac.spec.turns.answer_retention = "4m".into()),
+        ["spec.turns.answerRetention must be at least 5m"]
+    );
+    let soon = problems(&|ac| ac.spec.turns.answer_retention = "soon".into());
+    assert!(soon[0].starts_with("spec.turns.answerRetention: \"soon\""), "{soon:?}");
+    for limit in [0, -1, 10_001] {
+        let found = problems(&|ac| ac.spec.turns.queue_limit = limit);
+        assert!(found[0].starts_with(&format!("spec.turns.queueLimit: {limit} ")), "{found:?}");
+    }
+    for bytes in [0, (1 << 30) + 1] {
+        let found = problems(&|ac| ac.spec.turns.max_answer_bytes = Some(bytes));
+        assert!(found[0].starts_with(&format!("spec.turns.maxAnswerBytes: {bytes} ")), "{found:?}");
+    }
+    // The bounds that pass: 1 and 10000, 5m, 1 byte and 1 GiB.
+    let mut edge = base.clone();
+    edge.spec.turns.queue_limit = 10_000;
+    edge.spec.turns.answer_retention = "5m".into();
+    edge.spec.turns.max_answer_bytes = Some(1 << 30);
+    assert!(validate(&edge.spec).is_ok());
+    edge.spec.turns.queue_limit = 1;
+    edge.spec.turns.max_answer_bytes = Some(1);
+    assert!(validate(&edge.spec).is_ok());
+    // The operator's minimum and the CRD's CEL rule say the same.
+    assert_eq!(MIN_ANSWER_RETENTION, Duration::from_secs(300));
+    assert!(leasehold_crds::crd_yaml().contains("duration(self) >= duration('5m')"));
 }

@@ -54,6 +54,9 @@ struct FakeApi {
     pods: Vec<Value>,
     /// The generated cluster secret's value, when it exists.
     cluster_secret: Option<String>,
+    /// The value of the cluster secret the operator created here, read back like the
+    /// API server would.
+    created_secret: Arc<Mutex<Option<String>>>,
 }
 
 fn respond(status: u16, body: &Value) -> Response<Body> {
@@ -69,19 +72,25 @@ impl FakeApi {
         let path = call.path.split('?').next().unwrap_or_default();
         let method = call.method.as_str();
         match (method, path) {
-            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => match &self.cluster_secret {
-                Some(secret) => {
-                    use base64::Engine;
-                    let value = base64::engine::general_purpose::STANDARD.encode(secret);
-                    let data = json!({ leasehold_crds::CLUSTER_SECRET_KEY: value });
-                    (
-                        200,
-                        json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"},"data": data}),
-                    )
+            ("GET", p) if p.ends_with("/secrets/chat-cluster-secret") => {
+                match self.cluster_secret.clone().or_else(|| self.created_secret.lock().unwrap().clone()) {
+                    Some(secret) => {
+                        use base64::Engine;
+                        let value = base64::engine::general_purpose::STANDARD.encode(secret);
+                        let data = json!({ leasehold_crds::CLUSTER_SECRET_KEY: value });
+                        (
+                            200,
+                            json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-cluster-secret"},"data": data}),
+                        )
+                    }
+                    None => (404, not_found()),
                 }
-                None => (404, not_found()),
-            },
-            ("POST", p) if p.ends_with("/secrets") => (201, call.body.clone()),
+            }
+            ("POST", p) if p.ends_with("/secrets") => {
+                let value = call.body["stringData"][leasehold_crds::CLUSTER_SECRET_KEY].as_str();
+                *self.created_secret.lock().unwrap() = value.map(str::to_owned);
+                (201, call.body.clone())
+            }
             ("GET", p) if p.ends_with("/secrets/chat-db") => {
                 use base64::Engine;
                 let url = base64::engine::general_purpose::STANDARD.encode(&self.database_url);
@@ -212,6 +221,7 @@ fn fake(database_url: &str, pods: Vec<Value>) -> FakeApi {
         database_url: database_url.to_owned(),
         pods,
         cluster_secret: None,
+        created_secret: Arc::default(),
     }
 }
 
@@ -264,6 +274,90 @@ async fn reconcile_collects_sessions_idle_past_the_retention() {
     sqlx::query("UPDATE agent_leases SET released = true").execute(store.pool()).await.unwrap();
     reconcile(ac, ctx).await.unwrap();
     assert_eq!(count("SELECT count(*) FROM agent_leases").await, 1, "once per interval per database");
+}
+
+/// Reconciling a cluster also collects the journal: turns finished (or cancelled) before
+/// the cluster's `turns.answerRetention`, with their events, in batches until none is
+/// left; a running turn, however old, and a turn finished within the retention stay.
+#[tokio::test]
+async fn reconcile_collects_answers_past_the_answer_retention() {
+    /// More than two full batches (1000 a statement): the pass goes on while they are full.
+    const OLD: i64 = 2500;
+    let db = database().await;
+    let store = LeaseStore::connect(&db, 2).await.unwrap();
+    live_leases(&store, "chat-0", 1).await;
+    let turn = |id: &str, state: &str, finished: Option<&str>| {
+        let pool = store.pool().clone();
+        let (id, state, finished) = (id.to_owned(), state.to_owned(), finished.map(str::to_owned));
+        async move {
+            sqlx::query(
+                "INSERT INTO agent_turns (agent_key, turn_id, kind, digest, request, epoch, state, status, \
+                 answer, created_at, finished_at) \
+                 VALUES ('chat-0-s0', $1, 'turn', '\\x00', 'q', 1, $2, 200, 'a', now() - interval '3 hours', \
+                 now() - $3::interval)",
+            )
+            .bind(&id)
+            .bind(&state)
+            .bind(finished)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    // 2h ago: past the spec's 1h, within the 24h default (so the spec's value is the one used).
+    sqlx::query(
+        "INSERT INTO agent_turns (agent_key, turn_id, kind, digest, request, epoch, state, status, answer, \
+         created_at, finished_at) \
+         SELECT 'chat-0-s0', 'old-' || i, 'turn', '\\x00', 'q', 1, 'finished', 200, 'a', \
+         now() - interval '3 hours', now() - interval '2 hours' FROM generate_series(1, $1) i",
+    )
+    .bind(OLD)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO agent_turn_events (agent_key, epoch, seq, turn_id, kind, data, created_at) \
+         SELECT 'chat-0-s0', 1, i, 'old-' || i, 'token', '{}', now() - interval '2 hours' \
+         FROM generate_series(1, $1) i",
+    )
+    .bind(OLD)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    turn("cancelled-old", "cancelled", Some("2 hours")).await;
+    turn("finished-recent", "finished", Some("30 minutes")).await;
+    turn("running-old", "running", None).await;
+    sqlx::query(
+        "INSERT INTO agent_turn_events (agent_key, epoch, seq, turn_id, kind, data) \
+         VALUES ('chat-0-s0', 1, 100000, 'running-old', 'token', '{}')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let mut fake = fake(&db, vec![pod("chat-0", json!({}))]);
+    fake.cluster["spec"]["turns"] = json!({ "answerRetention": "1h" });
+    let ctx = context(&fake);
+    let ac: Arc<AgentCluster> = Arc::new(serde_json::from_value(fake.cluster.clone()).unwrap());
+    reconcile(ac, ctx.clone()).await.unwrap();
+
+    let left: Vec<String> = sqlx::query_scalar("SELECT turn_id FROM agent_turns ORDER BY turn_id")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert!(left.len() <= 2, "{} turns left, first {:?}", left.len(), &left[..5.min(left.len())]);
+    assert_eq!(left, ["finished-recent", "running-old"], "every old finished or cancelled turn collected");
+    let events: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT turn_id FROM agent_turn_events").fetch_all(store.pool()).await.unwrap();
+    assert_eq!(events, [Some("running-old".to_owned())], "the collected turns' events went with them");
+    let metrics = ctx.metrics.encode();
+    let expected = format!("leasehold_operator_collected_turns_total {}", OLD + 1);
+    assert!(metrics.contains(&expected), "{expected:?} in\n{metrics}");
+    let live: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_leases WHERE NOT released")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(live, 1, "the session itself is untouched");
 }
 
 #[tokio::test]
@@ -357,7 +451,9 @@ async fn an_invalid_spec_is_degraded_and_touches_no_child() {
         (degraded["status"].as_str(), degraded["reason"].as_str()),
         (Some("True"), Some("InvalidSpec"))
     );
-    assert!(degraded["message"].as_str().unwrap().contains("spec.replicas"));
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains("spec.replicas"), "{message}");
+    assert!(message.contains("spec.turns.answerRetention: \"someday\""), "{message}");
     assert!(calls.iter().any(|c| c.method == "POST" && c.path.contains("/events")), "a Warning event");
 }
 
@@ -602,6 +698,7 @@ fn operator_metrics_name_what_it_does() {
     metrics.drain("ok");
     metrics.revoked(3);
     metrics.leases("team-a", "chat", 7);
+    metrics.collected_turns(5);
     let text = metrics.encode();
     for line in [
         "leasehold_operator_reconciles_total 1",
@@ -609,6 +706,7 @@ fn operator_metrics_name_what_it_does() {
         "leasehold_operator_drains_total{outcome=\"ok\"} 1",
         "leasehold_operator_revocations_total 3",
         "leasehold_operator_leases{namespace=\"team-a\",cluster=\"chat\"} 7",
+        "leasehold_operator_collected_turns_total 5",
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }

@@ -190,24 +190,25 @@ mod tests {
 
     use super::*;
 
-    /// Refuses the first request with a `draining` directive, answers the next; records
-    /// the turn id of each.
-    async fn refuse_once() -> (String, Arc<Mutex<Vec<String>>>) {
+    /// Answers the first request `first` (status and body), every later one `200`;
+    /// records the value of `header` on each.
+    async fn first_answer(
+        first: (axum::http::StatusCode, &'static str),
+        header: http::HeaderName,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let app = Router::new().route(
             "/v1/sessions/{key}/turns",
             post(move |headers: HeaderMap| {
-                let log = log.clone();
+                let (log, header) = (log.clone(), header.clone());
                 async move {
-                    let id = headers.get(&headers::TURN_ID).map(|v| v.to_str().unwrap().to_owned());
+                    let value = headers.get(&header).map(|v| v.to_str().unwrap().to_owned());
                     let mut log = log.lock().unwrap();
-                    log.push(id.unwrap_or_default());
-                    if log.len() == 1 {
-                        let body = r#"{"error":"draining","retry":{"delay_ms":1,"budget_ms":5000}}"#;
-                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body)
-                    } else {
-                        (axum::http::StatusCode::OK, "{}")
+                    log.push(value.unwrap_or_default());
+                    match log.len() {
+                        1 => first,
+                        _ => (axum::http::StatusCode::OK, "{}"),
                     }
                 }
             }),
@@ -218,29 +219,14 @@ mod tests {
         (url, seen)
     }
 
-    /// Answers `502 owner_failed` to the first request, then `200`; records each key.
+    async fn refuse_once() -> (String, Arc<Mutex<Vec<String>>>) {
+        let draining = r#"{"error":"draining","retry":{"delay_ms":1,"budget_ms":5000}}"#;
+        first_answer((axum::http::StatusCode::SERVICE_UNAVAILABLE, draining), headers::TURN_ID).await
+    }
+
     async fn fail_once() -> (String, Arc<Mutex<Vec<String>>>) {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        let app = Router::new().route(
-            "/v1/sessions/{key}/turns",
-            post(move |headers: HeaderMap| {
-                let log = log.clone();
-                async move {
-                    let key = headers.get(&headers::IDEMPOTENCY_KEY).map(|v| v.to_str().unwrap().to_owned());
-                    let mut log = log.lock().unwrap();
-                    log.push(key.unwrap_or_default());
-                    match log.len() {
-                        1 => (axum::http::StatusCode::BAD_GATEWAY, r#"{"error":"owner_failed"}"#),
-                        _ => (axum::http::StatusCode::OK, "{}"),
-                    }
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (url, seen)
+        let failed = r#"{"error":"owner_failed"}"#;
+        first_answer((axum::http::StatusCode::BAD_GATEWAY, failed), headers::IDEMPOTENCY_KEY).await
     }
 
     #[tokio::test]

@@ -116,7 +116,7 @@ impl LeaseStore {
         epoch: Epoch,
         data: &[u8],
     ) -> Result<()> {
-        bounded("put checkpoint", put_checkpoint(&self.pool, key, owner, epoch, data)).await
+        self.put_turn_checkpoint(key, owner, epoch, None, data).await
     }
 
     /// [`LeaseStore::put_checkpoint`], recording the turn that was running.

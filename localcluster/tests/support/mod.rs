@@ -81,3 +81,16 @@ pub fn agent_record(dir: &std::path::Path, node: &localcluster::Node) -> Vec<ser
 pub fn received(dir: &std::path::Path, node: &localcluster::Node, path: &str) -> Vec<serde_json::Value> {
     agent_record(dir, node).into_iter().filter(|r| r["got"] == path).collect()
 }
+
+/// Ids as (epoch, seq), asserting they strictly increase.
+pub fn strictly_increasing(ids: &[String]) -> Vec<(i64, u64)> {
+    let parsed: Vec<(i64, u64)> = ids
+        .iter()
+        .map(|id| {
+            let (e, s) = id.split_once('-').unwrap();
+            (e.parse().unwrap(), s.parse().unwrap())
+        })
+        .collect();
+    assert!(parsed.windows(2).all(|w| w[0] < w[1]), "ids must strictly increase: {ids:?}");
+    parsed
+}

@@ -6,6 +6,10 @@ Turn body: `{"text": "...", "think_ms": 0}`. The graph counts the session's turn
 echoes each text: `START -> count -> echo -> END`. Answer:
 `{"count": n, "messages": [...], "epoch": e, "node": "<node-id>"}`.
 
+A turn resumed after its pod died mid-graph (`session.resumed`) continues the graph from
+the last step its earlier attempt checkpointed (each checkpoint's metadata names the turn
+that wrote it) instead of running it again from the start.
+
     python examples/langgraph_agent.py --listen 127.0.0.1:3000 --sidecar-url http://127.0.0.1:8082
 """
 
@@ -62,9 +66,22 @@ def build_app(node_id: str, sidecar_url: str) -> Starlette:
         # One saver per turn: it carries this turn's epoch, so a zombie's step is fenced.
         saver = LeaseholdSaver.for_session(session)
         graph = builder.compile(checkpointer=saver)
-        graph_input = {"messages": [text], "think_ms": int(body.get("think_ms", 0))}
-        async for _chunk in astream_published(graph, graph_input, saver.config, session=session):
-            pass  # each step went to the observers as a `graph_updates` event
+        # Every checkpoint of this run names the turn (LangGraph copies run metadata).
+        config: Any = {**saver.config, "metadata": {"turn_id": session.turn_id}}
+        graph_input: dict[str, Any] | None = {
+            "messages": [text],
+            "think_ms": int(body.get("think_ms", 0)),
+        }
+        run = True
+        if session.resumed:
+            # Its earlier attempt may have run part of the graph: continue from its last
+            # checkpoint (input `None`), or not at all if the graph had finished.
+            last = await graph.aget_state(saver.config)
+            if last.metadata and last.metadata.get("turn_id") == session.turn_id:
+                graph_input, run = None, bool(last.next)
+        if run:
+            async for _chunk in astream_published(graph, graph_input, config, session=session):
+                pass  # each step went to the observers as a `graph_updates` event
         values = (await graph.aget_state(saver.config)).values
         return {
             "count": values["count"],

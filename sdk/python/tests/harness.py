@@ -55,6 +55,13 @@ def binary(name: str) -> Path:
     return path
 
 
+def lapsed(info: leasehold.SessionInfo, holder: str) -> bool:
+    """Whether `holder`'s lease on a session has lapsed, as a read shows it: claimable, or
+    already claimed by another pod (a sidecar's sweep claims a session whose unfinished
+    turn has no live owner at once, to resume it)."""
+    return info.claimable or (info.owner is not None and info.owner != holder)
+
+
 def wait_until(
     condition: Callable[[], Any], timeout: float, what: str, *, poll: float = POLL
 ) -> Any:

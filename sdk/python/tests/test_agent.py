@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from starlette.applications import Starlette
 
 import leasehold
-from harness import Cluster, Node, stored_checkpoint, stored_history, wait_until
+from harness import Cluster, Node, lapsed, stored_checkpoint, stored_history, wait_until
 from leasehold.agent import Session, TurnRequest, create_app
 
 SLACK = 3.0
@@ -81,7 +80,7 @@ def test_a_handler_thaws_publishes_and_checkpoints_through_its_sidecar(
         assert one["content_type"] == "application/json"
         assert one["body"] == {"text": "one"}
         assert (two["kind"], two["before"], two["checkpoint_epoch"]) == ("event", {"count": 1}, 1)
-        assert two["turn_id"] == str(uuid.uuid5(leasehold._policy.TURN_ID_NAMESPACE, "evt-42"))
+        assert two["turn_id"] == "evt-42", "the client's Idempotency-Key is the turn id"
         assert not any(h.startswith("leasehold-") for h in one["headers"]), one["headers"]
 
     asyncio.run(run())
@@ -96,13 +95,17 @@ def test_session_writes_with_a_stale_epoch_are_fenced_and_release_frees_the_leas
     node = cluster.nodes[0]
     key = "direct"
     with cluster.client() as client:
-        assert client.send_turn(key, {"text": "a", "tokens": 0}).epoch == 1
+        first = client.send_turn(key, {"text": "a", "tokens": 0})
+        assert first.epoch == 1
 
     async def run() -> None:
         held = Session(key, 1, sidecar=node.agent_api_url)
         stale = Session(key, 2, sidecar=node.agent_api_url)  # an epoch this node never held
         try:
-            assert await held.thaw_json() == {"history": ["a"]}
+            # The demo agent's checkpoint names the turn that wrote it (for a resume): the
+            # client's key, a uuid4, is the turn id.
+            last_turn = first.idempotency_key
+            assert await held.thaw_json() == {"history": ["a"], "last_turn": last_turn}
             assert held.checkpoint_epoch == 1
             event_id = await held.publish("note", {"x": 1})
             assert event_id.startswith("1-")
@@ -174,8 +177,9 @@ def test_a_zombie_checkpoint_after_sigstop_past_the_ttl_is_fenced(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     """node-a's sidecar freezes mid-turn for longer than the lease; node-b takes the
-    session over; the handler on node-a then checkpoints (the write sent while its sidecar
-    is frozen, answered when it thaws): `Fenced`, and nothing of it lands."""
+    session over and resumes the interrupted turn (once, before its own first turn); the
+    handler on node-a then checkpoints (the write sent while its sidecar is frozen,
+    answered when it thaws): `Fenced`, and nothing of it lands."""
     ready, go, writing = threading.Event(), threading.Event(), threading.Event()
     write_outcome: queue.Queue[BaseException | None] = queue.Queue()
 
@@ -222,7 +226,9 @@ def test_a_zombie_checkpoint_after_sigstop_past_the_ttl_is_fenced(
         with cluster.client(1, 2) as others:
             # A turn sent now would be forwarded into the freeze (owner_failed): wait until
             # node-a's lease lapsed, as seen from the others (a read, never a claim).
-            wait_until(lambda: others.session(key).claimable, 3 * cluster.lease_ttl, "the lapse")
+            wait_until(
+                lambda: lapsed(others.session(key), "node-a"), 3 * cluster.lease_ttl, "the lapse"
+            )
             after = others.send_turn(key, {"text": "after", "tokens": 0})
         assert (after.status, after.epoch) == (200, 2)
         assert after.owner in ("node-b", "node-c")
@@ -238,7 +244,9 @@ def test_a_zombie_checkpoint_after_sigstop_past_the_ttl_is_fenced(
     response = zombie_answer.get(timeout=20)
     assert response.status_code in (502, 503), response.text
     assert response.status_code != 200
-    assert stored_history(cluster.database_url, key) == ["first", "after"]
+    # "zombie" is in the history once: node-b's resume of the turn (its default agent),
+    # not node-a's fenced write.
+    assert stored_history(cluster.database_url, key) == ["first", "zombie", "after"]
     stored = stored_checkpoint(cluster.database_url, key)
     assert stored is not None and stored[0] == 2
     wait_until(

@@ -276,6 +276,7 @@ class FakeSidecar:
     def __init__(self, journal: list[dict[str, Any]], checkpoint: Any = None) -> None:
         self.journal = journal
         self.checkpoint = checkpoint
+        self.checkpoint_turn: str | None = None
         self.checkpoints: list[Any] = []
         self.requests: list[httpx.Request] = []
         self.published: list[tuple[str, Any]] = []
@@ -299,7 +300,10 @@ class FakeSidecar:
         if path.endswith("/checkpoint"):
             if self.checkpoint is None:
                 return httpx.Response(404)
-            return httpx.Response(200, json=self.checkpoint)
+            headers = {"leasehold-checkpoint-epoch": "1"}
+            if self.checkpoint_turn is not None:
+                headers["leasehold-checkpoint-turn"] = self.checkpoint_turn
+            return httpx.Response(200, json=self.checkpoint, headers=headers)
         return httpx.Response(404)
 
 
@@ -492,3 +496,25 @@ async def test_the_python_demo_agent_resumes_like_the_rust_one() -> None:
         ("turn_finished", None),
     ], "no second turn_started, only the tokens not journaled"
     assert fake.checkpoints == [{"history": ["before", "hi"], "last_turn": "t-9"}]
+
+
+async def test_thaw_reads_the_turn_that_wrote_the_checkpoint() -> None:
+    fake = FakeSidecar([], checkpoint={"history": ["a"]})
+    fake.checkpoint_turn = "t-7"
+    seen: list[tuple[Any, int | None, str | None]] = []
+
+    async def on_turn(session: Session, request: TurnRequest) -> None:
+        seen.append((await session.thaw_json(), session.checkpoint_epoch, session.checkpoint_turn))
+
+    async with _sidecar_client(fake) as sidecar_http:
+        app = create_app(on_turn, sidecar_url="http://sidecar", http_client=sidecar_http)
+        async with _agent(app) as agent:
+            headers = {
+                "leasehold-epoch": "2",
+                "leasehold-turn-id": "t-7",
+                "leasehold-resume": "t-7",
+            }
+            await agent.post("/sessions/s/turns", json={}, headers=headers)
+            fake.checkpoint_turn = None  # written between turns
+            await agent.post("/sessions/s/turns", json={}, headers=headers)
+    assert seen == [({"history": ["a"]}, 1, "t-7"), ({"history": ["a"]}, 1, None)]

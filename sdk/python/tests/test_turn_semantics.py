@@ -72,8 +72,8 @@ def _holding_app(
             journal = await session.journal_events()
             log.put(("journal", [e.type for e in journal]))
         else:
-            await session.publish("step1", {})
-            await session.publish("step2", {})
+            await session.publish("step1", {"turn": session.turn_id})
+            await session.publish("step2", {"turn": session.turn_id})
             log.put(("published", session.turn_id))
         try:
             if body.get("hold"):
@@ -150,6 +150,20 @@ def test_a_turn_cut_by_its_owners_death_is_resumed_with_its_journal(
     kind, (node, turn_id, resume_of) = log.get(timeout=10)
     assert (kind, node, resume_of) == ("dispatched", "node-a", None)
     assert log.get(timeout=10) == ("published", turn_id)
+    # A 202 is not yet durable (events are journaled in group commits); one a watcher
+    # received is: the sidecar fans events out only once journaled.
+    seen: queue.Queue[str] = queue.Queue()
+
+    def watch() -> None:
+        with cluster.client(2) as watcher, watcher.stream(key) as stream:
+            for event in stream:
+                if isinstance(event.data, dict) and event.data.get("turn") == turn_id:
+                    seen.put(event.type)
+                    if event.type == "step2":
+                        return
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert [seen.get(timeout=10) for _ in range(2)] == ["step1", "step2"]
     cluster.nodes[0].sidecar.kill9()  # its agent lives on, cut off: the fence stops it
     try:
         resumed = log.get(timeout=3 * cluster.lease_ttl + 5)  # the new owner re-dispatches

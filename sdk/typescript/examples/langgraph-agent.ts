@@ -6,7 +6,10 @@
  *
  * The graph keeps the conversation (`messages`) and counts the turns. A turn's body is
  * `{"text": "..."}`; the answer is `{"reply", "turns", "messages", "epoch", "node"}`.
- * Whichever pod owns the session next continues from the same graph state.
+ * Whichever pod owns the session next continues from the same graph state. A turn
+ * resumed after its pod died mid-graph (`session.resumed`) continues the graph from the
+ * last step its earlier attempt checkpointed (each checkpoint's metadata names the turn)
+ * instead of running it again.
  *
  *   node dist/examples/langgraph-agent.js --listen 127.0.0.1:3000 --sidecar-url http://127.0.0.1:8082
  */
@@ -51,12 +54,26 @@ async function onTurn(session: Session, request: { json<T>(): T }): Promise<unkn
   // One saver per turn: its writes carry this turn's epoch; a fenced one throws Fenced
   // out of the graph, and the SDK answers 409 {"error":"fenced"}.
   const graph = builder.compile({ checkpointer: LeaseholdSaver.forSession(session) });
-  const config = { configurable: { thread_id: session.key }, signal: session.signal };
+  // Every checkpoint of this run names the turn (LangGraph copies the run's metadata).
+  const config = { configurable: { thread_id: session.key }, signal: session.signal, metadata: { turn_id: session.turnId } };
   // The input goes in through `reply` (the receive node moves it into messages).
-  const stream = await graph.stream({ reply: text }, { ...config, streamMode: "updates" as const });
-  // Every node's update is published to the session's observers as it happens.
+  let input: { reply: string } | null = { reply: text };
+  let run = true;
+  if (session.resumed) {
+    // Its earlier attempt may have run part of the graph: continue from its last
+    // checkpoint (input `null`), or not at all if the graph had finished.
+    const last = await graph.getState(config);
+    if ((last.metadata as Record<string, unknown> | undefined)?.turn_id === session.turnId) {
+      input = null;
+      run = last.next.length > 0;
+    }
+  }
   let updates = 0;
-  for await (const _update of publishGraphStream(session, stream, { type: "graph_update" })) updates += 1;
+  if (run) {
+    const stream = await graph.stream(input, { ...config, streamMode: "updates" as const });
+    // Every node's update is published to the session's observers as it happens.
+    for await (const _update of publishGraphStream(session, stream, { type: "graph_update" })) updates += 1;
+  }
   const snapshot = await graph.getState(config);
   const final = snapshot.values as typeof State.State;
   return { reply: final.reply, turns: final.turns, messages: final.messages.length, updates, epoch: session.epoch, node: nodeId };

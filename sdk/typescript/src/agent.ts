@@ -53,6 +53,11 @@ export interface Thawed {
   bytes: Uint8Array;
   /** `Leasehold-Checkpoint-Epoch`. */
   epoch: number | undefined;
+  /**
+   * `Leasehold-Checkpoint-Turn`: the turn that wrote it, when written during a turn. A
+   * resumed turn finds its own id here if its earlier attempt's checkpoint landed.
+   */
+  turnId: string | undefined;
   text(): string;
   json<T = unknown>(): T;
 }
@@ -106,7 +111,7 @@ export class SidecarApi {
     if (!response.ok) throw await SidecarApi.refused(response, false);
     const bytes = new Uint8Array(await response.arrayBuffer());
     const epoch = response.headers.get("leasehold-checkpoint-epoch");
-    return thawed(bytes, epoch === null ? undefined : Number(epoch));
+    return thawed(bytes, epoch === null ? undefined : Number(epoch), response.headers.get("leasehold-checkpoint-turn") ?? undefined);
   }
 
   async putCheckpoint(key: string, epoch: number, state: CheckpointState): Promise<void> {
@@ -166,10 +171,11 @@ export class SidecarApi {
   }
 }
 
-function thawed(bytes: Uint8Array, epoch: number | undefined): Thawed {
+function thawed(bytes: Uint8Array, epoch: number | undefined, turnId: string | undefined): Thawed {
   return {
     bytes,
     epoch,
+    turnId,
     text: () => new TextDecoder().decode(bytes),
     json: <T>() => JSON.parse(new TextDecoder().decode(bytes)) as T,
   };

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { createAgentHandler, Fenced, SidecarApi, type AgentHandler, type Session } from "../src/agent.js";
-import { Cluster, drain, gate, waitFor, withCluster } from "./support/cluster.js";
+import { Cluster, drain, gate, lapsed, waitFor, withCluster } from "./support/cluster.js";
 
 type Nodes = Cluster["nodes"];
 
@@ -24,6 +24,7 @@ interface Seen {
   turnId: string;
   published: string[];
   thawedEpoch: number | undefined;
+  resumed: boolean;
 }
 
 test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenced, and nothing of it lands", async () => {
@@ -44,8 +45,9 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
         const thawed = await session.thaw();
         const history = thawed?.json<{ history: string[] }>().history ?? [];
         const published = [await session.publish("turn_started", { text: input.text, node: name })];
-        seen.push({ node: name, key: session.key, epoch: session.epoch, turnId: session.turnId, published, thawedEpoch: thawed?.epoch });
-        if (input.hold === true) {
+        seen.push({ node: name, key: session.key, epoch: session.epoch, turnId: session.turnId, published, thawedEpoch: thawed?.epoch, resumed: session.resumed });
+        // Only the first attempt holds: the next owner resumes the same turn (exactly once).
+        if (input.hold === true && !session.resumed) {
           held.open();
           await release.promise;
           try {
@@ -82,12 +84,20 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
     a.sidecar.pause();
     try {
       const others = cluster.client({}, [b, c]);
-      await waitFor("node-a's lease to lapse", async () => (await others.session(key)).claimable, 10_000, 100);
+      // Lapsed: claimable, or already claimed by another pod's sweep (it resumes the
+      // session's unfinished turn as soon as no live owner holds it).
+      await waitFor("node-a's lease to lapse", async () => lapsed(await others.session(key), "node-a"), 10_000, 100);
       const after = await others.sendTurn(key, { text: "after" });
       assert.equal(after.epoch, 2, "taken over");
       assert.notEqual(after.owner, "node-a");
-      assert.equal((await after.json<{ history_len: number }>()).history_len, 2);
-      assert.equal(seen.at(-1)?.thawedEpoch, 1, "the new owner thawed node-a's checkpoint of epoch 1");
+      // The new owner first resumed the interrupted turn (once), then ran this one.
+      assert.equal((await after.json<{ history_len: number }>()).history_len, 3);
+      const resumed = seen.filter((s) => s.resumed);
+      assert.equal(resumed.length, 1, "the interrupted turn was resumed once");
+      const [resume] = resumed;
+      assert.ok(resume);
+      assert.equal(resume.thawedEpoch, 1, "the new owner thawed node-a's checkpoint of epoch 1");
+      assert.equal(resume.epoch, 2);
       // The zombie goes on to write its checkpoint into the frozen sidecar.
       release.open();
     } finally {
@@ -108,9 +118,10 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
     );
     await waitFor("node-a's stand-down of the session", () => standDowns.includes(`node-a:${key}`));
 
-    // What is stored is the new owner's history; node-a's write never landed.
+    // What is stored is the new owner's history ("zombie" once: its resume at epoch 2);
+    // node-a's write never landed.
     const stored = await new SidecarApi(b.agentApiUrl).getCheckpoint(key);
-    assert.deepEqual(stored?.json(), { history: ["first", "after"] });
+    assert.deepEqual(stored?.json(), { history: ["first", "zombie", "after"] });
     assert.equal(stored.epoch, 2);
 
     // A write at the old epoch is refused by the fence on any node (the sidecar's 409).
@@ -131,7 +142,7 @@ test("a checkpoint of an owner whose sidecar froze past its TTL is refused: Fenc
     assert.equal(direct.status, 409);
     assert.deepEqual(await direct.json(), { error: "fenced" });
     const final = await new SidecarApi(b.agentApiUrl).getCheckpoint(key);
-    assert.deepEqual(final?.json(), { history: ["first", "after"] });
+    assert.deepEqual(final?.json(), { history: ["first", "zombie", "after"] });
   });
 });
 

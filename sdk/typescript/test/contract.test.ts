@@ -56,7 +56,8 @@ function make({ name, agentApiUrl }: { name: string; agentApiUrl: string }): Age
           throw e;
         });
       }
-      if (body.hold === true) {
+      // Only the first attempt holds: a resumed one (the same turn) runs through.
+      if (body.hold === true && session.resumeOf === undefined) {
         holding.open();
         const aborted = new Promise((resolve) => {
           session.signal.addEventListener("abort", resolve, { once: true });
@@ -219,6 +220,11 @@ test("a turn re-dispatched after its owner died mid-turn carries Leasehold-Resum
   const key = "resume";
   const a = cluster.nodes[0] as Nodes[number];
   const { run } = await heldTurn(key);
+  // A 202 is durable once journaled (group commits); the sidecar fans out only journaled
+  // events, so one a watcher received survives the kill.
+  for await (const event of cluster.client({}, [cluster.nodes[1] as Nodes[number]]).stream(key)) {
+    if (event.type === "turn_started" && (event.data as { text?: string }).text === "long") break;
+  }
   await a.kill9(); // no client waits for the turn any more
   const client = cluster.client({}, cluster.nodes.slice(1));
   const info = await waitFor("the turn finished elsewhere", async () => {

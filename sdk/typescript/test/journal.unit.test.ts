@@ -127,11 +127,12 @@ interface SidecarCall {
 function fakeSidecar(
   journal: unknown[],
   checkpoint?: unknown,
-): { fetch: typeof fetch; calls: SidecarCall[]; published: [string, unknown][]; checkpoints: unknown[]; firstStep: Promise<void> } {
+): { fetch: typeof fetch; calls: SidecarCall[]; published: [string, unknown][]; checkpoints: unknown[]; firstStep: Promise<void>; checkpointTurn: { value: string | undefined } } {
   const calls: SidecarCall[] = [];
   const published: [string, unknown][] = [];
   const checkpoints: unknown[] = [];
   let stored = checkpoint;
+  const checkpointTurn: { value: string | undefined } = { value: undefined };
   let stepped!: () => void;
   const firstStep = new Promise<void>((resolve) => {
     stepped = resolve;
@@ -155,10 +156,15 @@ function fakeSidecar(
       checkpoints.push(stored);
       return new Response(null, { status: 204 });
     }
-    if (url.pathname.endsWith("/checkpoint")) return stored === undefined ? new Response(null, { status: 404 }) : Response.json(stored);
+    if (url.pathname.endsWith("/checkpoint")) {
+      if (stored === undefined) return new Response(null, { status: 404 });
+      const headers: Record<string, string> = { "leasehold-checkpoint-epoch": "1" };
+      if (checkpointTurn.value !== undefined) headers["leasehold-checkpoint-turn"] = checkpointTurn.value;
+      return Response.json(stored, { headers });
+    }
     return new Response(null, { status: 404 });
   };
-  return { fetch: fake, calls, published, checkpoints, firstStep };
+  return { fetch: fake, calls, published, checkpoints, firstStep, checkpointTurn };
 }
 
 async function post(url: string, path: string, headers: Record<string, string> = {}): Promise<{ status: number; body: unknown }> {
@@ -359,4 +365,28 @@ test("the TypeScript demo agent resumes like the Rust one: no second turn_starte
   } finally {
     child.kill("SIGKILL");
   }
+});
+
+test("thaw() reads the turn that wrote the checkpoint (Leasehold-Checkpoint-Turn)", async () => {
+  const sidecar = fakeSidecar([], { history: ["a"] });
+  sidecar.checkpointTurn.value = "t-7";
+  const seen: [number | undefined, string | undefined][] = [];
+  const agent = createAgentHandler({
+    sidecarUrl: "http://sidecar.invalid",
+    fetch: sidecar.fetch,
+    onTurn: async (session: Session) => {
+      const thawed = await session.thaw();
+      seen.push([thawed?.epoch, thawed?.turnId]);
+      return {};
+    },
+  });
+  const url = await listen(createServer(agent));
+  const headers = { "leasehold-epoch": "2", "leasehold-turn-id": "t-7", "leasehold-resume": "t-7" };
+  await post(url, "/sessions/s/turns", headers);
+  sidecar.checkpointTurn.value = undefined; // written between turns
+  await post(url, "/sessions/s/turns", headers);
+  assert.deepEqual(seen, [
+    [1, "t-7"],
+    [1, undefined],
+  ]);
 });

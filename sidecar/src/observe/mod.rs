@@ -22,7 +22,7 @@ use tokio::sync::{broadcast, watch};
 
 pub use self::{
     follow::Follow,
-    stream::{NotOpened, Observe, Reading, StreamLimits},
+    stream::{NotOpened, Observe, Reading, StreamLimits, JOURNAL_PAGE, JOURNAL_REPLAY_MAX},
 };
 
 /// Events kept per session for late joiners: the current turn and a tail before it...
@@ -147,22 +147,71 @@ impl Hub {
         true
     }
 
-    /// What a new subscriber gets before the live stream.
-    fn replay(&self, after: Option<EventId>) -> Vec<Event> {
-        match after {
-            Some(after) => self.recent.iter().filter(|e| e.id > after).cloned().collect(),
-            None => {
-                let start = self.recent.iter().rposition(|e| e.opens_turn).unwrap_or(0);
-                self.recent.iter().skip(start).cloned().collect()
-            }
-        }
+    /// What a new subscriber gets before the live stream, from memory, and what memory
+    /// may lack (CONTRACT §9: the journal fills that in).
+    fn replay(&self, after: Option<EventId>) -> Replay {
+        let Some(after) = after else {
+            let start = self.recent.iter().rposition(|e| e.opens_turn).unwrap_or(0);
+            return Replay { events: self.recent.iter().skip(start).cloned().collect(), gap: Gap::None };
+        };
+        // Only the newest run of consecutive ids is known to be whole: before an epoch
+        // boundary (or a hole an outage left) the journal may hold events we never got.
+        let oldest = self.recent.get(whole_run_start(&self.recent)).map(|e| e.id);
+        let gap = match memory_covers(oldest, after) {
+            true => Gap::None,
+            false => oldest.map_or(Gap::ToEnd, Gap::Before),
+        };
+        // All of memory after `after`: a reader that gets the journal's part first skips
+        // what it already has; one that cannot read the journal gets at least this.
+        Replay { events: self.recent.iter().filter(|e| e.id > after).cloned().collect(), gap }
     }
+}
+
+/// Whether `next` is the id right after `id` (same epoch, next seq).
+fn follows(id: EventId, next: EventId) -> bool {
+    next.epoch == id.epoch && id.seq.checked_add(1) == Some(next.seq)
+}
+
+/// Whether memory whose oldest buffered event (of a run of consecutive ids reaching the
+/// newest) is `oldest` holds every event after `after`: `after` is at or after `oldest`,
+/// or `oldest` is the very next id. Anything else (nothing buffered, a later seq, a later
+/// epoch: the earlier epoch may have gone on past `after`) may miss events.
+pub fn memory_covers(oldest: Option<EventId>, after: EventId) -> bool {
+    oldest.is_some_and(|oldest| after >= oldest || follows(after, oldest))
+}
+
+/// Where the newest run of consecutive ids in `recent` starts (0 when empty).
+fn whole_run_start(recent: &VecDeque<Event>) -> usize {
+    let mut start = recent.len().saturating_sub(1);
+    while start > 0 && follows(recent[start - 1].id, recent[start].id) {
+        start -= 1;
+    }
+    start
+}
+
+/// What memory may lack of what a reader asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gap {
+    /// Memory holds everything asked for.
+    None,
+    /// The journal may hold events after the reader's id and before this one (the oldest
+    /// in the replay).
+    Before(EventId),
+    /// Memory holds nothing after the reader's id: the journal has whatever there is.
+    ToEnd,
+}
+
+/// A replay from memory.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    pub events: Vec<Event>,
+    pub gap: Gap,
 }
 
 /// A live subscription: the replay, then the broadcast.
 #[derive(Debug)]
 pub struct Subscription {
-    pub replay: Vec<Event>,
+    pub replay: Replay,
     pub live: broadcast::Receiver<Message>,
     pub idle: bool,
     /// False: wait for `Message::Primed`, then take the replay with `Hubs::replay`.
@@ -252,7 +301,11 @@ impl Hubs {
     /// taken under one lock, so nothing falls between them.
     pub fn subscribe(&self, key: &SessionKey, after: Option<EventId>) -> Subscription {
         self.with(key, |hub| Subscription {
-            replay: if hub.primed { hub.replay(after) } else { Vec::new() },
+            replay: if hub.primed {
+                hub.replay(after)
+            } else {
+                Replay { events: Vec::new(), gap: Gap::None }
+            },
             live: hub.subscribe(),
             idle: hub.idle,
             primed: hub.primed,
@@ -260,7 +313,7 @@ impl Hubs {
     }
 
     /// The replay for a subscriber that waited for the hub to be primed.
-    pub fn replay(&self, key: &SessionKey, after: Option<EventId>) -> Vec<Event> {
+    pub fn replay(&self, key: &SessionKey, after: Option<EventId>) -> Replay {
         self.with(key, |hub| hub.replay(after))
     }
 

@@ -23,9 +23,9 @@ fn replay_is_the_current_turn_or_everything_after_an_id() {
     for kind in ["turn_started", "token", "turn_finished", "turn_started", "token"] {
         hubs.publish(&key(), Epoch(1), kind, "{}");
     }
-    assert_eq!(ids(&hubs.subscribe(&key(), None).replay), ["1-4", "1-5"], "current turn so far");
+    assert_eq!(ids(&hubs.subscribe(&key(), None).replay.events), ["1-4", "1-5"], "current turn so far");
     let after = EventId::parse("1-2").unwrap();
-    assert_eq!(ids(&hubs.subscribe(&key(), Some(after)).replay), ["1-3", "1-4", "1-5"]);
+    assert_eq!(ids(&hubs.subscribe(&key(), Some(after)).replay.events), ["1-3", "1-4", "1-5"]);
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn nothing_of_an_ended_epoch_is_taken_after_idle() {
 fn a_subscriber_before_the_backfill_waits_for_primed_then_replays() {
     let hubs = Hubs::default();
     let early = hubs.subscribe(&key(), None);
-    assert!(!early.primed && early.replay.is_empty());
+    assert!(!early.primed && early.replay.events.is_empty());
     let event = |id: &str, kind: &str| Event::new(EventId::parse(id).unwrap(), kind, "{}");
     // The upstream backfill: an old turn and the current one.
     for (id, kind) in
@@ -115,11 +115,11 @@ fn a_subscriber_before_the_backfill_waits_for_primed_then_replays() {
         hubs.ingest(&key(), event(id, kind));
     }
     hubs.mark_primed(&key());
-    assert_eq!(ids(&hubs.replay(&key(), None)), ["1-3", "1-4"], "the current turn, as on the owner");
-    assert_eq!(ids(&hubs.replay(&key(), EventId::parse("1-1"))), ["1-2", "1-3", "1-4"]);
+    assert_eq!(ids(&hubs.replay(&key(), None).events), ["1-3", "1-4"], "the current turn, as on the owner");
+    assert_eq!(ids(&hubs.replay(&key(), EventId::parse("1-1")).events), ["1-2", "1-3", "1-4"]);
     let late = hubs.subscribe(&key(), None);
     assert!(late.primed);
-    assert_eq!(ids(&late.replay), ["1-3", "1-4"]);
+    assert_eq!(ids(&late.replay.events), ["1-3", "1-4"]);
 }
 
 #[test]
@@ -129,7 +129,7 @@ fn the_replay_buffer_is_bounded_in_bytes_as_well_as_count() {
     for _ in 0..64 {
         hubs.publish(&key(), Epoch(1), "token", &big);
     }
-    let kept = hubs.replay(&key(), EventId::parse("1-0"));
+    let kept = hubs.replay(&key(), EventId::parse("1-0")).events;
     let bytes: usize = kept.iter().map(|e| e.frame.len()).sum();
     assert!(bytes <= REPLAY_BYTES, "{bytes} bytes kept");
     assert!(kept.len() >= 15 && kept.len() < 64, "{} kept", kept.len());
@@ -143,4 +143,56 @@ fn a_released_session_without_observers_leaves_no_hub() {
     assert_eq!(hubs.len(), 1);
     hubs.moved(&key());
     assert!(hubs.is_empty(), "no hub, no replay buffer kept for it");
+}
+
+fn id(s: &str) -> EventId {
+    EventId::parse(s).unwrap()
+}
+
+#[test]
+fn memory_covers_an_id_only_from_its_oldest_event_or_the_one_right_before() {
+    assert!(memory_covers(Some(id("2-5")), id("2-4")), "the very next id");
+    assert!(memory_covers(Some(id("2-5")), id("2-5")), "at the oldest");
+    assert!(memory_covers(Some(id("2-5")), id("2-9")), "after the oldest");
+    assert!(memory_covers(Some(id("2-5")), id("3-1")), "a later epoch than anything buffered");
+    assert!(!memory_covers(Some(id("2-5")), id("2-3")), "2-4 may be missing");
+    assert!(!memory_covers(Some(id("2-1")), id("1-7")), "epoch 1 may have gone on after 1-7");
+    assert!(memory_covers(Some(id("2-1")), id("2-0")), "2-0: from the epoch's start, all buffered");
+    assert!(!memory_covers(Some(id("3-1")), id("2-0")), "another epoch, even at seq 0");
+    assert!(!memory_covers(None, id("1-1")), "nothing buffered");
+    assert!(!memory_covers(Some(id(&format!("1-{}", u64::MAX))), id(&format!("1-{}", u64::MAX - 2))));
+}
+
+#[test]
+fn a_replay_after_an_id_says_what_the_journal_must_fill_in() {
+    let hubs = Hubs::default();
+    let event = |s: &str| Event::new(id(s), "token", "{}");
+    assert_eq!(hubs.replay(&key(), Some(id("1-3"))).gap, Gap::ToEnd, "nothing in memory");
+    for s in ["1-4", "1-5", "1-6"] {
+        hubs.ingest(&key(), event(s));
+    }
+    let covered = hubs.replay(&key(), Some(id("1-3")));
+    assert_eq!(
+        (ids(&covered.events), covered.gap),
+        (vec!["1-4".into(), "1-5".into(), "1-6".into()], Gap::None)
+    );
+    assert_eq!(hubs.replay(&key(), Some(id("1-5"))).gap, Gap::None);
+    let short = hubs.replay(&key(), Some(id("1-2")));
+    assert_eq!((ids(&short.events).len(), short.gap), (3, Gap::Before(id("1-4"))), "1-3 is not in memory");
+    // A new epoch: epoch 1 may have gone on past 1-6 in the journal, so only the run of
+    // epoch 2 counts, even for an id memory holds.
+    hubs.ingest(&key(), event("2-1"));
+    hubs.ingest(&key(), event("2-2"));
+    let across = hubs.replay(&key(), Some(id("1-5")));
+    assert_eq!(
+        (ids(&across.events), across.gap),
+        (vec!["1-6".into(), "2-1".into(), "2-2".into()], Gap::Before(id("2-1"))),
+        "all memory has, for a reader that cannot read the journal"
+    );
+    assert_eq!(hubs.replay(&key(), Some(id("2-1"))).gap, Gap::None);
+    // A hole within an epoch (an upstream that skipped) is not trusted either.
+    hubs.ingest(&key(), event("2-5"));
+    assert_eq!(hubs.replay(&key(), Some(id("2-2"))).gap, Gap::Before(id("2-5")));
+    // Without an id: the current turn from memory, never the journal.
+    assert_eq!(hubs.replay(&key(), None).gap, Gap::None);
 }

@@ -70,6 +70,7 @@ EPOCH_HEADER = "leasehold-epoch"
 TURN_ID_HEADER = "leasehold-turn-id"
 RESUME_HEADER = "leasehold-resume"
 CHECKPOINT_EPOCH_HEADER = "leasehold-checkpoint-epoch"
+CHECKPOINT_TURN_HEADER = "leasehold-checkpoint-turn"
 DEFAULT_SIDECAR_URL = "http://127.0.0.1:8082"
 
 #: Headers of the hop to the agent, not the client's.
@@ -103,10 +104,12 @@ class SidecarUnreachable(LeaseholdError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A stored checkpoint: its bytes and the epoch that wrote them."""
+    """A stored checkpoint: its bytes, the epoch that wrote them and, when it was written
+    during a turn, that turn's id (`Leasehold-Checkpoint-Turn`)."""
 
     data: bytes
     epoch: int | None
+    turn_id: str | None = None
 
 
 class SidecarApi:
@@ -159,7 +162,11 @@ class SidecarApi:
             return None
         self._check(response)
         epoch = response.headers.get(CHECKPOINT_EPOCH_HEADER)
-        return Checkpoint(response.content, int(epoch) if epoch and epoch.isdigit() else None)
+        return Checkpoint(
+            response.content,
+            int(epoch) if epoch and epoch.isdigit() else None,
+            response.headers.get(CHECKPOINT_TURN_HEADER),
+        )
 
     async def put_checkpoint(self, key: str, epoch: int, data: bytes) -> None:
         self._check(
@@ -233,6 +240,9 @@ class Session:
         self.fenced = False
         #: The epoch that wrote the checkpoint last thawed (`None` before a thaw or if none).
         self.checkpoint_epoch: int | None = None
+        #: The turn that wrote it, when written during a turn (`Leasehold-Checkpoint-Turn`):
+        #: a resumed turn finds its own id here if its earlier attempt's checkpoint landed.
+        self.checkpoint_turn: str | None = None
         #: Set when the sidecar cancelled this turn (a newer turn interrupted it) or stood
         #: the session down: await it in helper tasks that must stop with the turn.
         self.cancelled = asyncio.Event()
@@ -281,6 +291,7 @@ class Session:
         if checkpoint is None:
             return None
         self.checkpoint_epoch = checkpoint.epoch
+        self.checkpoint_turn = checkpoint.turn_id
         return checkpoint.data
 
     async def thaw_json(self) -> Any:

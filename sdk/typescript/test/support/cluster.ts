@@ -75,6 +75,15 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
 }
 
 /** A promise and its resolver: a test-controlled gate. */
+/**
+ * Whether `holder`'s lease on a session has lapsed, as a read shows it: claimable, or
+ * already claimed by another pod (a sidecar's sweep claims a session whose unfinished
+ * turn has no live owner at once, to resume it).
+ */
+export function lapsed(info: { owner: string | null; claimable: boolean }, holder: string): boolean {
+  return info.claimable || (info.owner !== null && info.owner !== holder);
+}
+
 export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => void; opened: () => boolean } {
   let open!: (value: T) => void;
   let isOpen = false;

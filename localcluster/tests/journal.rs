@@ -1,0 +1,365 @@
+//! Exactly-once turns (CONTRACT §9) on real processes: idempotency keys across pods, a
+//! turn resumed by the next owner after kill -9 with observers seeing each token once,
+//! one turn at a time per session, `reject` and `interrupt`, and a lost answer re-sent.
+
+mod support;
+
+use std::time::Duration;
+
+use leasehold_sidecar::client::Client;
+use localcluster::{observer::Frame, Cluster, ClusterOptions, Node, Observer};
+use serde_json::{json, Value};
+
+/// A 2 s lease renewed every 400 ms: a takeover after kill -9 within seconds.
+fn short_leases() -> ClusterOptions {
+    ClusterOptions {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(400),
+        ..Default::default()
+    }
+}
+
+/// Generous bound on anything a test waits for on a loaded 2-core machine.
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn turns_url(node: &Node, key: &str) -> String {
+    format!("{}/v1/sessions/{key}/turns", node.public_url())
+}
+
+/// POST a turn straight to `node` (no directive obeyed), with headers; status, headers
+/// and JSON body.
+async fn post(
+    node: &Node,
+    key: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut request = reqwest::Client::new().post(turns_url(node, key)).body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let (status, headers) = (response.status().as_u16(), response.headers().clone());
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, headers, body)
+}
+
+/// The demo agent's counters on `node`.
+async fn stats(node: &Node) -> Value {
+    reqwest::get(format!("{}/stats", node.agent_url())).await.unwrap().json().await.unwrap()
+}
+
+/// Token indexes (`data.i`) of the `token` frames seen, in order, with their epochs.
+fn tokens(frames: &[Frame]) -> Vec<(String, u64)> {
+    frames
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("token"))
+        .map(|f| {
+            let epoch =
+                f.id.as_deref()
+                    .and_then(|id| id.split_once('-'))
+                    .map(|(e, _)| e.to_owned())
+                    .unwrap_or_default();
+            let data: Value = serde_json::from_str(&f.data).unwrap();
+            (epoch, data["i"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_key_gets_the_one_answer_on_any_pod_and_another_body_is_refused() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let body = json!({ "text": "once", "tokens": 2 });
+    let key = [("idempotency-key", "order-42")];
+    let (status, headers, first) = post(a, "idem", &body, &key).await;
+    assert_eq!(status, 200, "{first}");
+    assert!(!headers.contains_key("leasehold-replayed"));
+    // The same key and body through another pod: the recorded answer, not a second run.
+    let (status, headers, again) = post(b, "idem", &body, &key).await;
+    assert_eq!((status, &again), (200, &first));
+    assert_eq!(headers["leasehold-replayed"], "true");
+    assert_eq!(support::history(&db, "idem").await, ["once"]);
+    // The same key with another body is the client's mistake.
+    let (status, _, refused) = post(b, "idem", &json!({ "text": "other" }), &key).await;
+    assert_eq!((status, refused["error"].as_str()), (422, Some("idempotency_key_reused")));
+    assert_eq!(support::history(&db, "idem").await, ["once"]);
+    // Any pod shows the turn and its answer; a finished turn cannot be cancelled.
+    let shown: Value = reqwest::get(format!("{}/order-42", turns_url(&cluster.nodes[2], "idem")))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((shown["state"].as_str(), shown["attempts"].as_i64()), (Some("finished"), Some(1)));
+    assert_eq!(shown["answer"]["body"], first);
+    let cancel =
+        reqwest::Client::new().delete(format!("{}/order-42", turns_url(b, "idem"))).send().await.unwrap();
+    assert_eq!(cancel.status(), 409);
+    let missing = reqwest::get(format!("{}/nope", turns_url(a, "idem"))).await.unwrap();
+    assert_eq!(missing.status(), 404);
+    // Bad keys are refused before anything runs.
+    for bad in ["", "has space", &"x".repeat(256)] {
+        let (status, _, body) = post(a, "idem", &body, &[("idempotency-key", bad)]).await;
+        assert_eq!((status, body["error"].as_str()), (400, Some("invalid_idempotency_key")), "{bad:?}");
+    }
+    assert_eq!(support::history(&db, "idem").await, ["once"]);
+}
+
+/// kill -9 of the owner's pod while its turn streams tokens; the client sends the turn
+/// again with its key to another pod: the new owner resumes it (the demo agent continues
+/// after the last journaled token), the history holds it once, and an observer sees every
+/// token once, `turn_resumed` between the two attempts, ids strictly increasing across
+/// the epochs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_mid_turn_the_next_owner_resumes_it_once_and_observers_see_each_token_once() {
+    const KEY: &str = "resumed";
+    const TOKENS: u64 = 10;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let mut cluster = Cluster::start(&db, short_leases()).await.unwrap();
+    let first = cluster
+        .client()
+        .post(
+            &format!("/v1/sessions/{KEY}/turns"),
+            json!({"text": "first", "tokens": 1}).to_string().into(),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.owner.as_deref(), Some("node-a"));
+    let stream = format!("{}/v1/sessions/{KEY}/stream", cluster.nodes[2].public_url());
+    let mut observer = Observer::open(&stream, None).await.unwrap();
+
+    let body = json!({ "text": "long", "think_ms": 4000, "tokens": TOKENS });
+    let key = "long-turn";
+    let a = &cluster.nodes[0];
+    let interrupted = tokio::spawn({
+        let url = turns_url(a, KEY);
+        let body = body.to_string();
+        async move {
+            let request = reqwest::Client::new().post(url).header("content-type", "application/json");
+            request.header("idempotency-key", key).body(body).send().await
+        }
+    });
+    // Some tokens of the first attempt reach the observer, then the pod dies.
+    observer
+        .until(WITHIN, |f| f.event.as_deref() == Some("token") && f.data.contains("\"i\":2"))
+        .await
+        .unwrap();
+    cluster.nodes[0].kill9();
+    assert!(interrupted.await.unwrap().is_err(), "the first attempt's connection died with its pod");
+
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    let answer = others
+        .post_keyed(&format!("/v1/sessions/{KEY}/turns"), body.to_string().into(), None, Some(key))
+        .await
+        .unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    assert_eq!(answer.json().unwrap()["history_len"], 2);
+    assert_eq!(support::history(&db, KEY).await, ["first", "long"], "once, though two attempts ran");
+
+    observer
+        .until(WITHIN, |f| {
+            f.event.as_deref() == Some("turn_finished")
+                && f.id.as_deref().is_some_and(|id| id.starts_with("2-"))
+        })
+        .await
+        .unwrap();
+    // The long turn's frames: from its turn_started (the last one: a resume opens none).
+    let started = observer.seen.iter().rposition(|f| f.event.as_deref() == Some("turn_started")).unwrap();
+    let long = &observer.seen[started..];
+    let seen = tokens(long);
+    let indexes: Vec<u64> = seen.iter().map(|(_, i)| *i).collect();
+    assert_eq!(indexes, (0..TOKENS).collect::<Vec<_>>(), "every token once, in order: {seen:?}");
+    assert!(
+        seen.iter().any(|(e, _)| e == "1") && seen.iter().any(|(e, _)| e == "2"),
+        "both attempts: {seen:?}"
+    );
+    let events: Vec<&str> = long.iter().filter_map(|f| f.event.as_deref()).collect();
+    let first_new = long.iter().position(|f| f.id.as_deref().is_some_and(|id| id.starts_with("2-"))).unwrap();
+    assert!(
+        long[..first_new].iter().filter_map(|f| f.id.as_deref()).all(|id| id.starts_with("1-")),
+        "the interrupted attempt's events come first: {events:?}"
+    );
+    assert_eq!(long[first_new].event.as_deref(), Some("turn_resumed"), "{events:?}");
+    assert_eq!(
+        events.iter().filter(|e| **e == "turn_started").count(),
+        1,
+        "no second turn_started: {events:?}"
+    );
+    support::strictly_increasing(&observer.ids());
+    let resumes = stats(&cluster.nodes[1]).await["resumes"].as_u64().unwrap()
+        + stats(&cluster.nodes[2]).await["resumes"].as_u64().unwrap();
+    assert_eq!(resumes, 1, "the new owner's agent was told it resumes");
+}
+
+/// Ten turns of one session sent 100 ms apart through three pods under `enqueue`: the
+/// owner's agent never has two at once (the demo agent counts overlaps), each is in the
+/// history once, in the order they were sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_turns_at_once_through_three_pods_run_one_at_a_time_in_arrival_order() {
+    const KEY: &str = "queued";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let client = cluster.client();
+    let mut sent = Vec::new();
+    for n in 0..10 {
+        let body = json!({ "text": format!("t{n}"), "think_ms": 300, "tokens": 2 }).to_string();
+        let client = Client::new(client.nodes().to_vec());
+        let node = n % 3;
+        sent.push(tokio::spawn(async move {
+            client.post(&format!("/v1/sessions/{KEY}/turns"), body.into(), Some(node)).await.unwrap()
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for turn in sent {
+        let answer = turn.await.unwrap();
+        assert_eq!(answer.status, 200, "{:?}", answer.json());
+    }
+    let want: Vec<String> = (0..10).map(|n| format!("t{n}")).collect();
+    assert_eq!(support::history(&db, KEY).await, want);
+    let mut overlapping = 0;
+    let mut turns = 0;
+    for node in &cluster.nodes {
+        let stats = stats(node).await;
+        overlapping += stats["overlapping_turns"].as_u64().unwrap();
+        turns += stats["turns"].as_u64().unwrap();
+    }
+    assert_eq!(turns, 10, "each turn reached an agent once");
+    assert_eq!(overlapping, 0, "no agent had two turns of the session at once");
+}
+
+/// A long turn streams; a second turn under `reject` is refused naming it; a third under
+/// `interrupt` cancels it (its client gets `409 interrupted`, the agent is told, nothing
+/// more of it is published or written) and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reject_names_the_running_turn_and_interrupt_cancels_a_streaming_one() {
+    const KEY: &str = "policies";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let mut observer =
+        Observer::open(&format!("{}/v1/sessions/{KEY}/stream", b.public_url()), None).await.unwrap();
+    let long = tokio::spawn({
+        let url = turns_url(a, KEY);
+        async move {
+            let body = json!({ "text": "long", "think_ms": 6000, "tokens": 12 }).to_string();
+            let response = reqwest::Client::new()
+                .post(url)
+                .header("idempotency-key", "long")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }
+    });
+    observer
+        .until(WITHIN, |f| f.event.as_deref() == Some("token") && f.data.contains("\"i\":1"))
+        .await
+        .unwrap();
+
+    let (status, _, busy) =
+        post(b, KEY, &json!({ "text": "rejected" }), &[("leasehold-multitask", "reject")]).await;
+    assert_eq!((status, busy["error"].as_str(), busy["turn_id"].as_str()), (409, Some("busy"), Some("long")));
+
+    let (status, _, answer) =
+        post(b, KEY, &json!({ "text": "urgent", "tokens": 1 }), &[("leasehold-multitask", "interrupt")])
+            .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, body) = long.await.unwrap();
+    assert_eq!((status, body["error"].as_str()), (409, Some("interrupted")));
+    observer.until(WITHIN, localcluster::observer::turn_finished(2)).await.unwrap();
+    assert_eq!(support::history(&db, KEY).await, ["first", "urgent"], "the interrupted turn wrote nothing");
+    assert_eq!(stats(a).await["cancels"], 1, "the agent was told to stop");
+    // The long turn's frames end before the urgent turn's turn_started: nothing of it
+    // after the interrupt, and no turn_finished.
+    let starts: Vec<usize> = observer
+        .seen
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.event.as_deref() == Some("turn_started"))
+        .map(|(i, _)| i)
+        .collect();
+    let (long_at, urgent_at) = (starts[starts.len() - 2], starts[starts.len() - 1]);
+    let long_frames = &observer.seen[long_at..urgent_at];
+    assert!(long_frames.iter().all(|f| f.event.as_deref() != Some("turn_finished")), "{long_frames:?}");
+    let after: Vec<&str> = observer.seen[urgent_at..].iter().filter_map(|f| f.event.as_deref()).collect();
+    assert_eq!(after, ["turn_started", "token", "turn_finished"], "only the urgent turn after the interrupt");
+    let shown: Value =
+        reqwest::get(format!("{}/long", turns_url(b, KEY))).await.unwrap().json().await.unwrap();
+    assert_eq!(shown["state"], "cancelled");
+    let (status, _, _) = post(b, KEY, &json!({ "text": "x" }), &[("leasehold-multitask", "sometimes")]).await;
+    assert_eq!(status, 400, "an unknown policy is refused");
+}
+
+/// The owner's agent dies mid-turn: its client gets `502 owner_failed`. Re-sent with its
+/// key, the turn gets its one answer (the next owner resumed it); without a key, a re-send
+/// is a new turn and the interrupted one is resumed too: at least once, as documented.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_answer_resent_with_its_key_is_the_one_answer_and_without_a_key_at_least_once() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let mut cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    // Each session owned by its own pod, whose agent is killed.
+    for (owner, session, keyed) in [(0, "with-key", true), (1, "without-key", false)] {
+        let (status, _, _) =
+            post(&cluster.nodes[owner], session, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+        assert_eq!(status, 200);
+        let body = json!({ "text": "cut", "think_ms": 2000, "tokens": 2 });
+        let headers: Vec<(&str, &str)> = if keyed { vec![("idempotency-key", "cut-1")] } else { vec![] };
+        let running = tokio::spawn({
+            let url = turns_url(&cluster.nodes[owner], session);
+            let (body, headers) = (
+                body.to_string(),
+                headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>(),
+            );
+            async move {
+                let mut request =
+                    reqwest::Client::new().post(url).header("content-type", "application/json").body(body);
+                for (k, v) in headers {
+                    request = request.header(k, v);
+                }
+                let response = request.send().await.unwrap();
+                (response.status().as_u16(), response.text().await.unwrap())
+            }
+        });
+        // The agent has it (its second turn of the session; counted in flight is not
+        // enough: a turn is counted while it is journaled, before its dispatch).
+        let agent = cluster.nodes[owner].agent_url();
+        support::eventually("the turn is running on its owner's agent", || async {
+            let stats: Value = reqwest::get(format!("{agent}/stats")).await.unwrap().json().await.unwrap();
+            stats["turns"].as_u64() >= Some(2)
+        })
+        .await;
+        cluster.nodes[owner].agent.kill9();
+        let (status, text) = running.await.unwrap();
+        assert_eq!(status, 502, "{text}");
+        assert!(text.contains("owner_failed"), "{text}");
+        let via_c = Client::new(vec![cluster.nodes[2].public_url()]).without_resends();
+        let path = format!("/v1/sessions/{session}/turns");
+        let key = keyed.then_some("cut-1");
+        let answer = via_c.post_keyed(&path, body.to_string().into(), None, key).await.unwrap();
+        assert_eq!(answer.status, 200, "{:?}", answer.json());
+        if keyed {
+            assert_eq!(support::history(&db, session).await, ["first", "cut"], "one answer, one entry");
+        } else {
+            support::eventually("the interrupted turn is resumed as well", || async {
+                support::history(&db, session).await.len() == 3
+            })
+            .await;
+            assert_eq!(
+                support::history(&db, session).await,
+                ["first", "cut", "cut"],
+                "at least once without a key"
+            );
+        }
+    }
+}
