@@ -1001,7 +1001,11 @@ async fn fence_canary() {
     assert!(body["retry"]["delay_ms"].is_u64(), "with a retry directive: {body}");
     // Nothing of A's attempt landed; the turn itself was accepted (journaled), so B, the
     // next owner, resumed it once before serving t3.
-    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3"], "A's stale attempt fenced, the turn resumed once by B");
+    assert_eq!(
+        db.history(&key).await,
+        ["t1", "t2-stale", "t3"],
+        "A's stale attempt fenced, the turn resumed once by B"
+    );
     assert_eq!(db.checkpoint_epoch(&key).await, Some(2));
 
     // Pure zombie: only the database fence stands between B and the history.

@@ -26,6 +26,10 @@
 //!    inserted/updated rows, `pg_total_relation_size` growth of every table, WAL bytes
 //!    (`pg_current_wal_lsn` difference) and committed transactions, over N sequential
 //!    turns of one session (the stats are read after Postgres' 10 s idle flush).
+//! 4. replay of 10 000 journaled events (one turn's, burst agent) to a late observer
+//!    with `Last-Event-ID` (the journal in pages of 1000, then the last 1024 from
+//!    memory), beside the last 1000 replayed from memory alone and the same rows read
+//!    with raw SQL.
 //!
 //! Run (from the workspace root):
 //! ```text
@@ -39,7 +43,7 @@
 //! `LEASEHOLD_BENCH_BASELINE_BIN_DIR` is the directory holding the baseline
 //! `leasehold-sidecar`; without it the bench runs the journal-only parts (2 without the
 //! ceiling, 3 without the baseline). Other switches (environment):
-//! - `LEASEHOLD_BENCH_ONLY=latency|throughput|rows`: one part;
+//! - `LEASEHOLD_BENCH_ONLY=latency|throughput|rows|replay`: one part;
 //! - `LEASEHOLD_BENCH_ROUND_SECS` (default 5) and `LEASEHOLD_BENCH_ROUNDS` (default 3);
 //! - `LEASEHOLD_BENCH_TURNS` (default 500): turns of part 3;
 //! - `LEASEHOLD_BENCH_STREAMS` (default 32): sessions of part 2.
@@ -627,6 +631,149 @@ async fn rows(settings: &Settings, journal: &Setup, baseline: Option<&Setup>) {
     println!();
 }
 
+/// A late observer: `GET …/stream` with `Last-Event-ID: after`; the time to the first and
+/// to the `expect`-th event frame (the stream is dropped then).
+async fn observe_replay(setup: &Setup, key: &str, after: &str, expect: usize) -> (Duration, Duration) {
+    use futures_util::StreamExt;
+    let started = Instant::now();
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/sessions/{key}/stream", setup.node().public_url()))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", after)
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "stream: {}", response.status());
+    let mut body = response.bytes_stream();
+    let (mut events, mut first, mut line) = (0, None, Vec::new());
+    while events < expect {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), body.next())
+            .await
+            .expect("replay stalled")
+            .expect("stream ended early")
+            .unwrap();
+        for b in chunk {
+            if b != b'\n' {
+                line.push(b);
+                continue;
+            }
+            if line.starts_with(b"id: ") {
+                events += 1;
+                first.get_or_insert_with(|| started.elapsed());
+            } else if line.starts_with(b"event: overflow") || line.starts_with(b"event: missed") {
+                panic!("replay cut short: {}", String::from_utf8_lossy(&line));
+            }
+            line.clear();
+        }
+    }
+    (first.unwrap_or_default(), started.elapsed())
+}
+
+/// The same rows read straight from the store, in pages of 1000 as the sidecar reads them.
+async fn raw_read(db: &str, key: &str, epoch: i64, after_seq: i64, rows: usize) -> Duration {
+    let mut conn = PgConnection::connect(db).await.unwrap();
+    let started = Instant::now();
+    let (mut seq, mut read) = (after_seq, 0);
+    while read < rows {
+        let page = sqlx::query(
+            "SELECT epoch, seq, turn_id, kind, data FROM agent_turn_events
+             WHERE agent_key = $1 AND (epoch, seq) > ($2, $3) ORDER BY epoch, seq LIMIT 1000",
+        )
+        .bind(key)
+        .bind(epoch)
+        .bind(seq)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert!(!page.is_empty(), "the journal has fewer than {rows} events after {epoch}-{after_seq}");
+        read += page.len();
+        seq = page.last().unwrap().get("seq");
+    }
+    started.elapsed()
+}
+
+/// The newest journaled event of `key`: (epoch, seq).
+async fn last_event(conn: &mut PgConnection, key: &str) -> (i64, i64) {
+    let row = sqlx::query(
+        "SELECT epoch, max(seq) AS seq FROM agent_turn_events WHERE agent_key = $1
+         GROUP BY epoch ORDER BY epoch DESC LIMIT 1",
+    )
+    .bind(key)
+    .fetch_one(conn)
+    .await
+    .unwrap();
+    (row.get("epoch"), row.get("seq"))
+}
+
+/// Part 4: 10 000 journaled events replayed to a late observer.
+async fn replay(settings: &Settings, setup: &Setup) {
+    const EVENTS: usize = 10_000;
+    /// What the hub keeps in memory: the last 1024 events (observe::REPLAY_CAPACITY).
+    const FROM_MEMORY: usize = 1_000;
+    let key = "replay-0";
+    let http = http_client(1);
+    setup.warm(&http, &[key.to_owned()]).await;
+    let mut conn = PgConnection::connect(&setup.db).await.unwrap();
+    let (epoch, before) = last_event(&mut conn, key).await;
+    // One turn of turn_started, 9 998 tokens and turn_finished: 10 000 events.
+    let body: &'static str = r#"{"text":"replay","think_ms":0,"tokens":9998}"#;
+    let started = Instant::now();
+    turn(&http, &setup.turn_url(key), body).await;
+    let published = started.elapsed();
+    let (end_epoch, end) = last_event(&mut conn, key).await;
+    assert_eq!((end_epoch, end - before), (epoch, EVENTS as i64), "one turn of {EVENTS} events");
+    println!(
+        "## 4. Replay of {EVENTS} journaled events to a late observer (`Last-Event-ID`), {} repetitions interleaved\n",
+        settings.rounds.max(3)
+    );
+    println!("The 10 000-event turn itself (burst agent): {} ms\n", ms(published));
+    println!("| round | what | events | first event ms | all events ms | events/s |");
+    println!("|---|---|---|---|---|---|");
+    let memory_after = format!("{epoch}-{}", end - FROM_MEMORY as i64);
+    let all_after = format!("{epoch}-{before}");
+    let mut totals = [Vec::new(), Vec::new(), Vec::new()];
+    for round in 0..settings.rounds.max(3) {
+        let (first, all) = observe_replay(setup, key, &all_after, EVENTS).await;
+        println!(
+            "| {round} | late observer, journal then memory | {EVENTS} | {} | {} | {:.0} |",
+            ms(first),
+            ms(all),
+            EVENTS as f64 / all.as_secs_f64()
+        );
+        totals[0].push(all);
+        let (first, all) = observe_replay(setup, key, &memory_after, FROM_MEMORY).await;
+        println!(
+            "| {round} | baseline: the last {FROM_MEMORY} from memory | {FROM_MEMORY} | {} | {} | {:.0} |",
+            ms(first),
+            ms(all),
+            FROM_MEMORY as f64 / all.as_secs_f64()
+        );
+        totals[1].push(all);
+        let raw = raw_read(&setup.db, key, epoch, before, EVENTS).await;
+        println!(
+            "| {round} | baseline: the same rows, raw SQL pages of 1000 | {EVENTS} | - | {} | {:.0} |",
+            ms(raw),
+            EVENTS as f64 / raw.as_secs_f64()
+        );
+        totals[2].push(raw);
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (journal, memory, raw) = (median(&mut totals[0]), median(&mut totals[1]), median(&mut totals[2]));
+    let per_event = |d: Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "\nMedian: {EVENTS} replayed in {} ms ({:.1} µs/event); memory {:.1} µs/event; raw SQL {:.1} µs/event. Ratio per event: replay / memory {:.2}, replay / raw SQL {:.2}\n",
+        ms(journal),
+        per_event(journal, EVENTS),
+        per_event(memory, FROM_MEMORY),
+        per_event(raw, EVENTS),
+        per_event(journal, EVENTS) / per_event(memory, FROM_MEMORY),
+        per_event(journal, EVENTS) / per_event(raw, EVENTS)
+    );
+}
+
 #[tokio::main]
 async fn main() {
     if burst_agent::serve_if_requested().await {
@@ -646,7 +793,7 @@ async fn main() {
         }
         None => None,
     };
-    let (journal_burst, baseline_burst) = if settings.part("latency") {
+    let (journal_burst, baseline_burst) = if settings.part("latency") || settings.part("replay") {
         let journal = Setup::start("journal", &admin, None, Vec::new(), Agent::Burst).await;
         let baseline = match &baseline_binary {
             Some(path) => {
@@ -694,9 +841,9 @@ async fn main() {
     if settings.part("rows") {
         rows(&settings, &journal, baseline.as_ref()).await;
     }
-    println!(
-        "## 4. Replay to a late observer: skipped (the observe-journal branch has not landed in main)\n"
-    );
+    if settings.part("replay") {
+        replay(&settings, journal_burst.as_ref().unwrap()).await;
+    }
     drop((journal_burst, baseline_burst));
     drop(per_event);
     drop(baseline);
