@@ -724,7 +724,7 @@ async fn replay(settings: &Settings, setup: &Setup) {
     assert_eq!((end_epoch, end - before), (epoch, EVENTS as i64), "one turn of {EVENTS} events");
     println!(
         "## 4. Replay of {EVENTS} journaled events to a late observer (`Last-Event-ID`), {} repetitions interleaved\n",
-        settings.rounds.max(3)
+        settings.rounds.max(5)
     );
     println!("The 10 000-event turn itself (burst agent): {} ms\n", ms(published));
     println!("| round | what | events | first event ms | all events ms | events/s |");
@@ -732,7 +732,7 @@ async fn replay(settings: &Settings, setup: &Setup) {
     let memory_after = format!("{epoch}-{}", end - FROM_MEMORY as i64);
     let all_after = format!("{epoch}-{before}");
     let mut totals = [Vec::new(), Vec::new(), Vec::new()];
-    for round in 0..settings.rounds.max(3) {
+    for round in 0..settings.rounds.max(5) {
         let (first, all) = observe_replay(setup, key, &all_after, EVENTS).await;
         println!(
             "| {round} | late observer, journal then memory | {EVENTS} | {} | {} | {:.0} |",
