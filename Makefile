@@ -62,9 +62,17 @@ lint: ## rustfmt check and clippy with warnings as errors
 fmt: ## format the code
 	cargo fmt --all
 
+# The journal bench's baseline: the pre-journal sidecar (commit bbb3b87), its worktree and target dir.
+BASELINE_WORKTREE ?= ../leasehold-bench-bbb3b87
+BASELINE_TARGET ?= $(abspath $(BASELINE_WORKTREE))/target
+
 bench: deps ## benchmarks with their baselines (results go into BENCHMARKS.md by hand)
 	command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx-light)
 	cargo build --release --workspace --bins --locked
 	scripts/with-postgres.sh cargo bench -p leasehold-core --bench store
 	scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench hop
 	scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench observe
+	# the journal vs the previous release's sidecar (bbb3b87), built once into its own target dir
+	[ -d $(BASELINE_WORKTREE) ] || git worktree add --detach $(BASELINE_WORKTREE) bbb3b87
+	cd $(BASELINE_WORKTREE) && CARGO_TARGET_DIR=$(BASELINE_TARGET) cargo build --release --locked -p leasehold-sidecar
+	LEASEHOLD_BENCH_BASELINE_BIN_DIR=$(BASELINE_TARGET)/release scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench journal

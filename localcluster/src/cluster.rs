@@ -81,6 +81,9 @@ pub struct ClusterOptions {
     pub database_urls: Vec<Option<String>>,
     /// Per node (by index), extra environment for its sidecar (e.g. a failpoint).
     pub sidecar_env: Vec<Vec<(String, String)>>,
+    /// The sidecar executable to run instead of the workspace's (e.g. an earlier
+    /// release's, as a benchmark's baseline).
+    pub sidecar_binary: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
@@ -95,6 +98,7 @@ impl Default for ClusterOptions {
             agent_command: None,
             database_urls: Vec::new(),
             sidecar_env: Vec::new(),
+            sidecar_binary: None,
         }
     }
 }
@@ -106,6 +110,7 @@ pub struct Node {
     pub ip: Ipv4Addr,
     pub sidecar: Proc,
     pub agent: Proc,
+    sidecar_program: PathBuf,
     sidecar_cmd: Vec<String>,
     sidecar_env: Vec<(String, String)>,
     agent_cmd: AgentCommand,
@@ -146,11 +151,12 @@ impl Node {
 
     fn spawn_sidecar(
         name: &str,
+        program: &std::path::Path,
         args: &[String],
         env: &[(String, String)],
         log_dir: &std::path::Path,
     ) -> Proc {
-        let mut cmd = Command::new(binary("leasehold-sidecar"));
+        let mut cmd = Command::new(program);
         cmd.args(args).env("LEASEHOLD_LOG", "info,leasehold_sidecar=debug");
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         Proc::spawn(&format!("{name}/sidecar"), cmd, &log_dir.join(format!("{name}-sidecar.log")))
@@ -190,7 +196,13 @@ impl Node {
     /// A container restart: the sidecar starts again with the same node id.
     pub fn restart_sidecar(&mut self) {
         self.sidecar.kill9();
-        self.sidecar = Self::spawn_sidecar(&self.name, &self.sidecar_cmd, &self.sidecar_env, &self.log_dir);
+        self.sidecar = Self::spawn_sidecar(
+            &self.name,
+            &self.sidecar_program,
+            &self.sidecar_cmd,
+            &self.sidecar_env,
+            &self.log_dir,
+        );
     }
 
     /// A container restart with one setting changed (e.g. a rotated `--cluster-secret`):
@@ -343,7 +355,8 @@ impl Cluster {
             Some(secret) => args.extend(["--cluster-secret".to_owned(), secret.clone()]),
             None => args.push("--insecure-peer".to_owned()),
         }
-        let sidecar = Node::spawn_sidecar(name, &args, &sidecar_env, log_dir);
+        let sidecar_program = options.sidecar_binary.clone().unwrap_or_else(|| binary("leasehold-sidecar"));
+        let sidecar = Node::spawn_sidecar(name, &sidecar_program, &args, &sidecar_env, log_dir);
         let listen = format!("{ip}:{DEMO_AGENT_PORT}");
         let agent_cmd = match &options.agent_command {
             Some((program, env)) => AgentCommand {
@@ -370,6 +383,7 @@ impl Cluster {
             ip,
             sidecar,
             agent,
+            sidecar_program,
             sidecar_cmd: args,
             sidecar_env,
             agent_cmd,
