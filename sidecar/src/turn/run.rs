@@ -95,18 +95,23 @@ struct Dispatch {
     attempt: i32,
 }
 
-fn from_record(key: &SessionKey, record: &TurnRecord) -> Turn {
-    Turn {
-        kind: match record.kind {
-            store::TurnKind::Event => Kind::Event,
-            store::TurnKind::Turn => Kind::Turn,
-        },
-        key: key.clone(),
-        id: record.turn_id.clone(),
-        keyed: true,
-        multitask: None,
-        content_type: record.content_type.as_deref().and_then(|ct| HeaderValue::from_str(ct).ok()),
-        body: Bytes::from(record.request.clone()),
+impl Dispatch {
+    /// A journaled turn taken over at a new attempt: its own request, from the journal,
+    /// dispatched as a resume.
+    fn resume_of(key: &SessionKey, record: &TurnRecord) -> Self {
+        let turn = Turn {
+            kind: match record.kind {
+                store::TurnKind::Event => Kind::Event,
+                store::TurnKind::Turn => Kind::Turn,
+            },
+            key: key.clone(),
+            id: record.turn_id.clone(),
+            keyed: true,
+            multitask: None,
+            content_type: record.content_type.as_deref().and_then(|ct| HeaderValue::from_str(ct).ok()),
+            body: Bytes::from(record.request.clone()),
+        };
+        Dispatch { turn, resume: true, attempt: record.attempts }
     }
 }
 
@@ -213,11 +218,7 @@ impl Runner {
             // it runs (its own request, from the journal) before this one is refused.
             Ok(Begun::Resumed(record)) => {
                 self.metrics.turn_journal("resumed");
-                let dispatch = Dispatch {
-                    turn: from_record(&turn.key, &record),
-                    resume: true,
-                    attempt: record.attempts,
-                };
+                let dispatch = Dispatch::resume_of(&turn.key, &record);
                 self.execute(&place, &lease, dispatch, record.digest.clone()).await;
                 self.early(Early::KeyReused)
             }
@@ -247,8 +248,7 @@ impl Runner {
             };
             self.metrics.turn_journal("resumed");
             tracing::info!(key = %lease.key, turn = %resumed.turn_id, attempt = resumed.attempts, "resuming an interrupted turn");
-            let dispatch =
-                Dispatch { turn: from_record(&lease.key, &resumed), resume: true, attempt: resumed.attempts };
+            let dispatch = Dispatch::resume_of(&lease.key, &resumed);
             match self.execute(place, lease, dispatch, resumed.digest.clone()).await {
                 Outcome::Answered { .. } | Outcome::Interrupted => {}
                 other => return Err(other),
