@@ -63,9 +63,13 @@ fn post_on_node_a(cluster: &Cluster, key: &str, body: serde_json::Value) -> Join
     })
 }
 
-/// Whether `node`'s agent is running a turn (the sidecar's in-flight gauge).
-async fn in_flight_on(node: &localcluster::Node) -> bool {
-    node.metric("leasehold_in_flight_turns", "").await >= 1.0
+/// How many turns `node`'s demo agent has received. "Its agent has the turn" is this
+/// count, not the sidecar's in-flight gauge: a turn counts in flight from its journal
+/// entry on, before its dispatch.
+async fn agent_turns(node: &localcluster::Node) -> u64 {
+    let stats: serde_json::Value =
+        reqwest::get(format!("{}/stats", node.agent_url())).await.unwrap().json().await.unwrap();
+    stats["turns"].as_u64().unwrap()
 }
 
 /// A background request's status, body, and when its answer came.
@@ -159,7 +163,8 @@ async fn a_paused_owner_is_fenced_when_it_wakes_and_none_of_its_output_lands() {
 
     // A long turn starts on node-a; the whole pod freezes in the middle of it.
     let zombie = post_on_node_a(&cluster, key, json!({ "text": "zombie", "think_ms": 1500, "tokens": 5 }));
-    support::eventually("the zombie turn runs on node-a", || in_flight_on(a)).await;
+    // node-a's agent has it: its second turn.
+    support::eventually("the zombie turn runs on node-a", || async { agent_turns(a).await >= 2 }).await;
     a.pause();
     // The fault itself, not a wait for something: frozen for longer than the TTL.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
@@ -486,12 +491,9 @@ async fn a_crashed_agent_hands_its_sessions_to_other_pods_at_once() {
         turn_on_node_a(&cluster, key, "before").await;
     }
     let running = post_on_node_a(&cluster, keys[0], json!({ "text": "cut", "think_ms": 3000, "tokens": 3 }));
-    // The agent has it (its fourth turn): counted in flight is not enough, a turn is
-    // counted while it is journaled, before its dispatch.
-    let stats = format!("{}/stats", cluster.nodes[0].agent_url());
+    // The agent has it: its fourth turn.
     support::eventually("the turn runs on node-a's agent", || async {
-        let stats: serde_json::Value = reqwest::get(&stats).await.unwrap().json().await.unwrap();
-        stats["turns"].as_u64() >= Some(4)
+        agent_turns(&cluster.nodes[0]).await >= 4
     })
     .await;
     cluster.nodes[0].agent.kill9();
