@@ -106,8 +106,11 @@ impl Client {
         self.post(&format!("/v1/sessions/{key}/turns"), body.to_string().into(), first).await
     }
 
-    /// POST to the public `path`, starting at pod `first` (or a random pod).
+    /// POST to the public `path`, starting at pod `first` (or a random pod). Like the
+    /// shipped clients, every attempt of one call carries the same `Idempotency-Key`: a
+    /// re-send after a directive can never run the turn a second time.
     pub async fn post(&self, path: &str, body: Bytes, first: Option<&str>) -> Result<Answer, ClientError> {
+        let key = format!("e2e-{:032x}", rand::random::<u128>());
         let mut obeying = Obeying::default();
         let mut not_reached: Vec<(String, String)> = Vec::new();
         let mut tried: Vec<String> = Vec::new();
@@ -116,8 +119,17 @@ impl Client {
             let Some(current) = pod.take() else {
                 return Err(ClientError::Unreachable { tried, last: "no pod left to try".into() });
             };
-            let reply =
-                self.proxy.request(http::Method::POST, &current, PUBLIC_PORT, path, Some(body.clone())).await;
+            let reply = self
+                .proxy
+                .request_keyed(
+                    http::Method::POST,
+                    &current,
+                    PUBLIC_PORT,
+                    path,
+                    Some(body.clone()),
+                    Some(&key),
+                )
+                .await;
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(e @ (ProxyError::Kube(_) | ProxyError::Timeout)) => {

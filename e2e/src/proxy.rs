@@ -119,10 +119,21 @@ impl PodProxy {
         PodProxy { client, ns: ns.to_owned() }
     }
 
-    fn build(&self, method: Method, pod: &str, port: u16, path: &str, body: Option<Bytes>) -> Request<Body> {
+    fn build(
+        &self,
+        method: Method,
+        pod: &str,
+        port: u16,
+        path: &str,
+        body: Option<Bytes>,
+        idempotency_key: Option<&str>,
+    ) -> Request<Body> {
         let mut builder = Request::builder().method(method).uri(proxy_path(&self.ns, pod, port, path));
         if body.is_some() {
             builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(key) = idempotency_key {
+            builder = builder.header("idempotency-key", key);
         }
         builder.body(Body::from(body.unwrap_or_default())).expect("a valid request")
     }
@@ -136,7 +147,20 @@ impl PodProxy {
         path: &str,
         body: Option<Bytes>,
     ) -> Result<Reply, ProxyError> {
-        let request = self.build(method, pod, port, path, body);
+        self.request_keyed(method, pod, port, path, body, None).await
+    }
+
+    /// [`Self::request`] with an `Idempotency-Key`.
+    pub async fn request_keyed(
+        &self,
+        method: Method,
+        pod: &str,
+        port: u16,
+        path: &str,
+        body: Option<Bytes>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reply, ProxyError> {
+        let request = self.build(method, pod, port, path, body, idempotency_key);
         let exchange = async {
             let response = self.client.send(request).await?;
             let (parts, body) = response.into_parts();
@@ -172,7 +196,7 @@ impl PodProxy {
         path: &str,
         headers: &[(&str, String)],
     ) -> Result<http::Response<Body>, ProxyError> {
-        let mut request = self.build(Method::GET, pod, port, path, None);
+        let mut request = self.build(Method::GET, pod, port, path, None, None);
         request.headers_mut().insert(http::header::ACCEPT, "text/event-stream".parse().expect("static"));
         for (name, value) in headers {
             let name: http::HeaderName = name.parse().expect("a valid header name");

@@ -363,3 +363,59 @@ async fn a_lost_answer_resent_with_its_key_is_the_one_answer_and_without_a_key_a
         }
     }
 }
+
+/// A turn halted because its session moved mid-turn (the owner's node is revoked, as the
+/// operator revokes a failed pod) was journaled first, so the next owner resumes it. The
+/// door follows it there under its id: a client without a key gets the one answer, not a
+/// `fenced` directive whose re-send would be a second turn (the e2e failed-pod scenario
+/// once saw `["t1", "t2", "t2"]` that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_halted_by_a_revocation_is_followed_to_its_next_owner_and_runs_once() {
+    use sqlx::Connection;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let key = "followed";
+    let (a, c) = (&cluster.nodes[0], &cluster.nodes[2]);
+    let (status, _, _) = post(a, key, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    // Through node-c, without a key: forwarded to node-a, where it thinks for 2 s.
+    let via_c = tokio::spawn({
+        let url = turns_url(c, key);
+        async move {
+            let body = json!({ "text": "moved", "think_ms": 2000, "tokens": 4 }).to_string();
+            let response = reqwest::Client::new().post(url).body(body).send().await.unwrap();
+            let status = response.status().as_u16();
+            let turn_id = response.headers().get("leasehold-turn-id").map(|v| v.to_str().unwrap().to_owned());
+            (status, turn_id, response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    });
+    let agent = a.agent_url();
+    support::eventually("the turn is running on node-a's agent", || async {
+        let stats: Value = reqwest::get(format!("{agent}/stats")).await.unwrap().json().await.unwrap();
+        stats["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let mut conn = sqlx::PgConnection::connect(&db).await.unwrap();
+    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = 'node-a' AND expires_at > now()")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (status, turn_id, body) = tokio::time::timeout(WITHIN, via_c).await.expect("answered").unwrap();
+    assert_eq!(status, 200, "the client gets the resumed attempt's answer: {body}");
+    assert_ne!(body["node"], "node-a", "answered by the next owner: {body}");
+    assert_eq!(body["epoch"], 2, "{body}");
+    let turn_id = turn_id.expect("the answer names its turn");
+    assert_eq!(support::history(&db, key).await, ["first", "moved"], "the halted turn ran once");
+    // Its one journal entry says so, and a repeat of the named id is that answer.
+    let (status, headers, again) = post(
+        c,
+        key,
+        &json!({ "text": "moved", "think_ms": 2000, "tokens": 4 }),
+        &[("idempotency-key", &turn_id)],
+    )
+    .await;
+    assert_eq!((status, again["epoch"].clone()), (200, json!(2)), "{again}");
+    assert_eq!(headers.get("leasehold-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    assert_eq!(support::history(&db, key).await, ["first", "moved"]);
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::{
     extract::{FromRef, Path, Request, State},
-    http::{header, HeaderMap, StatusCode},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     routing::{post, MethodRouter},
     Json,
@@ -91,8 +91,13 @@ impl Turns {
         let (id, keyed) = turn_id(&parts.headers)?;
         let multitask = multitask(&parts.headers)?;
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
+        let id_header = HeaderValue::try_from(id.as_str()).expect("a turn id is visible ASCII");
         let turn = Turn { kind, key, id, keyed, multitask, content_type, body };
-        Ok(reply::reply(self.router.route(turn, door).await))
+        let mut response = reply::reply(self.router.route(turn, door).await);
+        // Every answer names its turn: a client without a key can read its fate
+        // (`GET …/turns/{id}`) or re-send it as a repeat of that id.
+        response.headers_mut().entry(headers::TURN_ID).or_insert(id_header);
+        Ok(response)
     }
 }
 

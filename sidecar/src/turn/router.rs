@@ -47,6 +47,17 @@ pub const PEER_REJECTED: &str = "the owner's sidecar rejected this node's peer p
      secrets differ, or their clocks are apart by more than the proof window";
 
 impl Reply {
+    /// The turn was halted because ownership moved mid-turn, here or at the owner we
+    /// forwarded it to.
+    fn is_fenced(&self) -> bool {
+        match self {
+            Reply::Local { ran: Ran::Settled(Outcome::Refused(Refusal::Fenced { .. })), .. }
+            | Reply::Refused(Refusal::Fenced { .. }) => true,
+            Reply::PeerRefused(body) => body.error == Refusal::Fenced { ttl: Duration::ZERO }.code(),
+            _ => false,
+        }
+    }
+
     /// What a client is told of a [`Reply::PeerRejected`], the proof window included.
     pub fn peer_rejected_message() -> String {
         format!("{PEER_REJECTED} ({} s)", leasehold_core::proof::PROOF_WINDOW.as_secs())
@@ -95,8 +106,24 @@ impl TurnRouter {
         self.refuse("none", Refusal::StoreUnavailable)
     }
 
-    /// Route one turn entering at `door`.
-    pub async fn route(&self, turn: Turn, door: Door) -> Reply {
+    /// Route one turn entering at `door`. A turn halted because ownership moved mid-turn
+    /// (`fenced`) was journaled first, so its next owner resumes it: the public door follows
+    /// it there once, under its id (as a repeat of that id, which attaches to or replays
+    /// the resumed attempt), instead of handing the client a directive whose re-send,
+    /// without a key, would be a second turn.
+    pub async fn route(&self, mut turn: Turn, door: Door) -> Reply {
+        let reply = self.route_once(turn.clone(), door, false).await;
+        if door != Door::Public || !reply.is_fenced() {
+            return reply;
+        }
+        tracing::info!(key = %turn.key, turn = %turn.id, "turn halted by a move of its session: following it to the next owner");
+        self.metrics.turn_journal("followed");
+        turn.keyed = true;
+        self.route_once(turn, door, true).await
+    }
+
+    /// Route once; `fresh`: read the lease again rather than trust what this node knew.
+    async fn route_once(&self, turn: Turn, door: Door, fresh: bool) -> Reply {
         let Some(admitted) = self.inflight.admit(&self.draining) else {
             return self.draining_refusal();
         };
@@ -104,7 +131,12 @@ impl TurnRouter {
             drop(admitted);
             return self.route_without_agent(turn, door).await;
         }
-        match self.ownership.resolve(&turn.key, false).await {
+        match self.ownership.resolve(&turn.key, fresh).await {
+            // Our node lease lapsed (revoked, or lost to a partition): a peer asking us is
+            // told we are not the owner, so it looks again, rather than that the store is down.
+            Err(ResolveError::NodeNotLive) if door == Door::Peer => {
+                self.refuse("none", Refusal::OwnerUnreachable { ttl: self.ttl })
+            }
             Err(e) => self.unresolved(e),
             Ok(Route::Local(lease)) => self.run_local(turn, lease, admitted).await,
             // A peer that is no longer the owner does not forward again.
