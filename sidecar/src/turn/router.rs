@@ -119,7 +119,12 @@ impl TurnRouter {
         tracing::info!(key = %turn.key, turn = %turn.id, "turn halted by a move of its session: following it to the next owner");
         self.metrics.turn_journal("followed");
         turn.keyed = true;
-        self.route_once(turn, door, true).await
+        match self.route_once(turn, door, true).await {
+            // This node cannot route it now (its own node lease lapsed, the store is out of
+            // reach): the halt is the truer answer; the next owner still resumes the turn.
+            Reply::Refused(Refusal::StoreUnavailable) => reply,
+            followed => followed,
+        }
     }
 
     /// Route once; `fresh`: read the lease again rather than trust what this node knew.
