@@ -319,6 +319,8 @@ pub const MAX_QUEUE_LIMIT: i32 = 10_000;
 /// The largest `maxAnswerBytes`: a recorded answer is one Postgres `bytea` value, which
 /// holds at most 1 GiB.
 pub const MAX_ANSWER_BYTES_LIMIT: i64 = 1 << 30;
+/// The largest `maxAttempts` the sidecar accepts.
+pub const MAX_TURN_ATTEMPTS: i32 = 1000;
 
 /// Turns: one at a time per session, journaled, their answers kept for repeats.
 #[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -349,6 +351,12 @@ pub struct TurnsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_ANSWER_BYTES_LIMIT))]
     pub max_answer_bytes: Option<i64>,
+    /// Attempts a turn gets: one, plus a resume each time its owner loses it mid-turn.
+    /// A turn that used them all is recorded as failed (502 attempts_exhausted) rather
+    /// than resumed forever. Default: the sidecar's (5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_TURN_ATTEMPTS))]
+    pub max_attempts: Option<i32>,
 }
 
 /// The sidecar's own `--queue-limit` default: a session rarely has more turns in flight.
@@ -367,6 +375,7 @@ impl Default for TurnsSpec {
             queue_limit: default_queue_limit(),
             answer_retention: default_answer_retention(),
             max_answer_bytes: None,
+            max_attempts: None,
         }
     }
 }

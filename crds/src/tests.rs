@@ -83,7 +83,8 @@ fn turns_default_and_parse_in_camel_case() {
             multitask: Multitask::Interrupt,
             queue_limit: 3,
             answer_retention: "1h".into(),
-            max_answer_bytes: Some(1024)
+            max_answer_bytes: Some(1024),
+            max_attempts: None,
         }
     );
     assert_eq!(Multitask::Reject.as_str(), "reject");
@@ -113,6 +114,12 @@ fn the_schema_bounds_the_turn_settings() {
         (bytes["minimum"].as_f64(), bytes["maximum"].as_f64()),
         (Some(1.0), Some(MAX_ANSWER_BYTES_LIMIT as f64)),
         "{bytes}"
+    );
+    let attempts = &turns["maxAttempts"];
+    assert_eq!(
+        (attempts["minimum"].as_f64(), attempts["maximum"].as_f64()),
+        (Some(1.0), Some(f64::from(crate::MAX_TURN_ATTEMPTS))),
+        "{attempts}"
     );
     let retention = &turns["answerRetention"];
     assert_eq!(retention["default"], "24h");

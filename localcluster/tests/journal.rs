@@ -419,3 +419,54 @@ async fn a_turn_halted_by_a_revocation_is_followed_to_its_next_owner_and_runs_on
     assert_eq!(headers.get("leasehold-replayed").map(|v| v.to_str().unwrap()), Some("true"));
     assert_eq!(support::history(&db, key).await, ["first", "moved"]);
 }
+
+/// A poison turn (its agent fails mid-turn every time it gets it) is resumed by the next
+/// owner at most `--max-turn-attempts` times in all, then recorded as failed: it stops
+/// travelling from pod to pod, a repeat of its key gets the recorded `502
+/// attempts_exhausted`, and the session serves its next turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_turn_is_attempted_max_attempts_times_then_recorded_as_failed() {
+    const MAX_ATTEMPTS: usize = 3;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let record = tempfile::tempdir().unwrap();
+    let attempts = vec![("LEASEHOLD_MAX_TURN_ATTEMPTS".to_owned(), MAX_ATTEMPTS.to_string())];
+    let options = ClusterOptions {
+        agent_command: support::recording_hold_agent(record.path()),
+        sidecar_env: vec![attempts.clone(), attempts.clone(), attempts],
+        ..Default::default()
+    };
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let key = "poisoned";
+    let (status, _, _) = post(&cluster.nodes[0], key, &json!({ "text": "first" }), &[]).await;
+    assert_eq!(status, 200);
+    let poison = json!({ "text": "poison", "poison": true });
+    let (status, _, body) = post(&cluster.nodes[0], key, &poison, &[("idempotency-key", "poison-1")]).await;
+    assert_eq!(status, 502, "its first attempt failed mid-turn: {body}");
+    // The other attempts are resumes by the orphan sweep, on any pod.
+    let turn_url = format!("{}/v1/sessions/{key}/turns/poison-1", cluster.nodes[1].public_url());
+    support::eventually("the poison turn is recorded as failed", || async {
+        let status: Value = reqwest::get(&turn_url).await.unwrap().json().await.unwrap();
+        status["state"] == "finished"
+    })
+    .await;
+    let got_poison = || -> usize {
+        cluster
+            .nodes
+            .iter()
+            .flat_map(|node| support::agent_record(record.path(), node))
+            .filter(|r| r["body"].as_str().is_some_and(|b| b.contains("poison")))
+            .count()
+    };
+    assert_eq!(got_poison(), MAX_ATTEMPTS, "the agents got it once per attempt, no more");
+    let (status, headers, body) =
+        post(&cluster.nodes[2], key, &poison, &[("idempotency-key", "poison-1")]).await;
+    assert_eq!((status, body["error"].as_str()), (502, Some("attempts_exhausted")), "{body}");
+    assert_eq!(headers.get("leasehold-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    let (status, _, body) = post(&cluster.nodes[1], key, &json!({ "text": "next" }), &[]).await;
+    assert_eq!(status, 200, "the session serves its next turn: {body}");
+    assert_eq!(support::history(&db, key).await, ["first", "next"]);
+    // Three more sweeps: nobody picks the failed turn up again.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(got_poison(), MAX_ATTEMPTS);
+}

@@ -191,6 +191,9 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
     if let Some(bytes) = spec.turns.max_answer_bytes {
         env_vars.push(env("LEASEHOLD_MAX_ANSWER_BYTES", bytes.to_string()));
     }
+    if let Some(attempts) = spec.turns.max_attempts {
+        env_vars.push(env("LEASEHOLD_MAX_TURN_ATTEMPTS", attempts.to_string()));
+    }
     Container {
         name: SIDECAR_CONTAINER.to_owned(),
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),
@@ -239,6 +242,7 @@ pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
             "multitask": spec.turns.multitask,
             "queueLimit": spec.turns.queue_limit,
             "maxAnswerBytes": spec.turns.max_answer_bytes,
+            "maxAttempts": spec.turns.max_attempts,
         },
         "image": image,
     });

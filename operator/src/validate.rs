@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use leasehold_crds::{AgentClusterSpec, MAX_ANSWER_BYTES_LIMIT, MAX_QUEUE_LIMIT, MIN_QUEUE_LIMIT};
+use leasehold_crds::{
+    AgentClusterSpec, MAX_ANSWER_BYTES_LIMIT, MAX_QUEUE_LIMIT, MAX_TURN_ATTEMPTS, MIN_QUEUE_LIMIT,
+};
 
 /// Ports the sidecar listens on inside every pod (CONTRACT §2 defaults).
 pub const PUBLIC_PORT: i32 = 8080;
@@ -78,6 +80,10 @@ pub fn validate(spec: &AgentClusterSpec) -> Result<Timings, Vec<String>> {
         problems.push(format!(
             "spec.turns.maxAnswerBytes: {bytes} must be between 1 and {MAX_ANSWER_BYTES_LIMIT}"
         ));
+    }
+    if let Some(attempts) = turns.max_attempts.filter(|a| !(1..=MAX_TURN_ATTEMPTS).contains(a)) {
+        problems
+            .push(format!("spec.turns.maxAttempts: {attempts} must be between 1 and {MAX_TURN_ATTEMPTS}"));
     }
     if let (Some(ttl), Some(heartbeat)) = (ttl, heartbeat) {
         if heartbeat * 2 >= ttl {

@@ -300,6 +300,7 @@ fn the_sidecar_gets_the_turn_settings_as_env() {
         !sidecar.env.as_ref().unwrap().iter().any(|e| e.name == "LEASEHOLD_MAX_ANSWER_BYTES"),
         "unset: the sidecar's default"
     );
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_MAX_TURN_ATTEMPTS"), None, "unset: the sidecar's default");
     assert_eq!(timings.answer_retention, Duration::from_secs(24 * 3600), "answerRetention defaults to 24h");
 
     for (policy, value) in
@@ -309,11 +310,13 @@ fn the_sidecar_gets_the_turn_settings_as_env() {
         set.spec.turns.multitask = policy;
         set.spec.turns.queue_limit = 250;
         set.spec.turns.max_answer_bytes = Some(65_536);
+        set.spec.turns.max_attempts = Some(7);
         let timings = validate(&set.spec).unwrap();
         let sidecar = sidecar_of(&build::deployment(&set, &timings, IMAGE, VERSION));
         assert_eq!(env_value(&sidecar, "LEASEHOLD_MULTITASK").as_deref(), Some(value));
         assert_eq!(env_value(&sidecar, "LEASEHOLD_QUEUE_LIMIT").as_deref(), Some("250"));
         assert_eq!(env_value(&sidecar, "LEASEHOLD_MAX_ANSWER_BYTES").as_deref(), Some("65536"));
+        assert_eq!(env_value(&sidecar, "LEASEHOLD_MAX_TURN_ATTEMPTS").as_deref(), Some("7"));
         let names: Vec<_> = sidecar.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
         let mut unique = names.clone();
         unique.sort_unstable();
@@ -336,10 +339,11 @@ fn turn_settings_roll_the_pods_and_answer_retention_does_not() {
     };
     let before = template(&ac);
     type Change = fn(&mut AgentCluster);
-    let changes: [(&str, Change); 3] = [
+    let changes: [(&str, Change); 4] = [
         ("multitask", |ac| ac.spec.turns.multitask = Multitask::Interrupt),
         ("queueLimit", |ac| ac.spec.turns.queue_limit = 17),
         ("maxAnswerBytes", |ac| ac.spec.turns.max_answer_bytes = Some(1024)),
+        ("maxAttempts", |ac| ac.spec.turns.max_attempts = Some(2)),
     ];
     for (field, change) in changes {
         let mut changed = ac.clone();
@@ -376,14 +380,20 @@ fn invalid_turn_settings_are_named() {
         let found = problems(&|ac| ac.spec.turns.max_answer_bytes = Some(bytes));
         assert!(found[0].starts_with(&format!("spec.turns.maxAnswerBytes: {bytes} ")), "{found:?}");
     }
-    // The bounds that pass: 1 and 10000, 5m, 1 byte and 1 GiB.
+    for attempts in [0, 1001] {
+        let found = problems(&|ac| ac.spec.turns.max_attempts = Some(attempts));
+        assert!(found[0].starts_with(&format!("spec.turns.maxAttempts: {attempts} ")), "{found:?}");
+    }
+    // The bounds that pass: 1 and 10000, 5m, 1 byte and 1 GiB, 1 and 1000 attempts.
     let mut edge = base.clone();
     edge.spec.turns.queue_limit = 10_000;
     edge.spec.turns.answer_retention = "5m".into();
     edge.spec.turns.max_answer_bytes = Some(1 << 30);
+    edge.spec.turns.max_attempts = Some(1000);
     assert!(validate(&edge.spec).is_ok());
     edge.spec.turns.queue_limit = 1;
     edge.spec.turns.max_answer_bytes = Some(1);
+    edge.spec.turns.max_attempts = Some(1);
     assert!(validate(&edge.spec).is_ok());
     // The operator's minimum and the CRD's CEL rule say the same.
     assert_eq!(MIN_ANSWER_RETENTION, Duration::from_secs(300));

@@ -253,6 +253,7 @@ fn assemble(
         metrics: metrics.clone(),
         multitask: args.multitask,
         max_answer: args.max_answer_bytes,
+        max_attempts: args.max_turn_attempts,
         ttl: args.lease_ttl,
     });
     let router = Arc::new(TurnRouter {

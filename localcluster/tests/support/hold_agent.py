@@ -5,7 +5,8 @@ turn's text, checkpoints through the sidecar, then holds the answer for the turn
 database write of a turn is its checkpoint. A resumed turn (`Leasehold-Resume`) whose
 interrupted attempt's checkpoint already landed (the checkpoint names the turn) is not
 applied again: it only answers. A turn with `status` is answered that status
-at once (an agent's own 401 or 503), with nothing written. Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
+at once (an agent's own 401 or 503), with nothing written; a turn with `"poison": true`
+fails mid-turn each time it is sent (the connection closes unanswered). Usage: hold_agent.py --listen IP:PORT (the sidecar's agent API is
 on the same IP, port 18082).
 
 With HOLD_AGENT_RECORD_DIR set, it keeps a record of what it was sent, one JSON line per
@@ -65,6 +66,9 @@ class Agent(http.server.BaseHTTPRequestHandler):
         turn = json.loads(raw or b"{}")
         if "status" in turn:  # an answer of the agent's own: no thaw, no checkpoint
             return self.answer(turn["status"], {"error": "from_the_agent", "status": turn["status"]})
+        if turn.get("poison"):  # fails mid-turn every time: the connection closes unanswered
+            self.close_connection = True
+            return self.connection.shutdown(2)
         url = f"{sidecar}/v1/sessions/{key}/checkpoint"
         try:
             with urllib.request.urlopen(url) as r:

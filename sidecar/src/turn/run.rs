@@ -83,6 +83,8 @@ pub struct Runner {
     pub multitask: Multitask,
     /// Largest answer recorded; a larger one fails the turn (`502 answer_too_large`).
     pub max_answer: usize,
+    /// Attempts a turn gets before it is recorded as failed (`502 attempts_exhausted`).
+    pub max_attempts: u32,
     pub ttl: Duration,
 }
 
@@ -209,6 +211,14 @@ impl Runner {
                 let dispatch = Dispatch { turn, resume: false, attempt: 1 };
                 Ran::Settled(self.execute(&place, &lease, dispatch, digest).await)
             }
+            Ok(Begun::Resumed(record)) if self.exhausted(&record) => {
+                let outcome = self.give_up(&lease, &record).await;
+                if record.digest == digest {
+                    Ran::Settled(outcome)
+                } else {
+                    self.early(Early::KeyReused)
+                }
+            }
             Ok(Begun::Resumed(record)) if record.digest == digest => {
                 self.metrics.turn_journal("resumed");
                 let dispatch = Dispatch { turn, resume: true, attempt: record.attempts };
@@ -246,6 +256,12 @@ impl Runner {
                 Ok(None) => continue,
                 Err(e) => return Err(self.journal_failed(lease, e)),
             };
+            if self.exhausted(&resumed) {
+                match self.give_up(lease, &resumed).await {
+                    Outcome::Answered { .. } => continue,
+                    other => return Err(other),
+                }
+            }
             self.metrics.turn_journal("resumed");
             tracing::info!(key = %lease.key, turn = %resumed.turn_id, attempt = resumed.attempts, "resuming an interrupted turn");
             let dispatch = Dispatch::resume_of(&lease.key, &resumed);
@@ -267,6 +283,27 @@ impl Runner {
             }
         }
         drop(guard);
+    }
+
+    /// Taken over at an attempt beyond the last it may have.
+    fn exhausted(&self, record: &TurnRecord) -> bool {
+        u32::try_from(record.attempts).is_ok_and(|attempts| attempts > self.max_attempts)
+    }
+
+    /// A turn whose every attempt was lost mid-turn (a poison turn: say, one that crashes
+    /// its agent each time): record it as failed instead of dispatching it again, so it
+    /// stops travelling from pod to pod; a repeat of its key gets this answer.
+    async fn give_up(&self, lease: &LocalLease, record: &TurnRecord) -> Outcome {
+        let tried = record.attempts - 1;
+        tracing::warn!(key = %lease.key, turn = %record.turn_id, attempts = tried, "a turn lost mid-turn at every attempt: recorded as failed, not resumed again");
+        let answer = attempts_exhausted(tried);
+        match self.ownership.finish_turn(lease, &record.turn_id, &answer).await {
+            Ok(()) => {
+                self.metrics.turn_journal("exhausted");
+                Outcome::Answered { answer: Arc::new(answer), epoch: lease.epoch, replayed: false }
+            }
+            Err(e) => self.journal_failed(lease, e),
+        }
     }
 
     fn journal_failed(&self, lease: &LocalLease, e: store::Error) -> Outcome {
@@ -414,6 +451,19 @@ impl Runner {
 /// The answer recorded for an answer above the limit.
 fn too_large(limit: usize) -> Answer {
     let body = json!({ "error": "answer_too_large", "message": format!("the agent's answer exceeded {limit} bytes") });
+    Answer {
+        status: 502,
+        content_type: Some("application/json".to_owned()),
+        body: body.to_string().into_bytes(),
+    }
+}
+
+/// The answer recorded for a turn that used all its attempts.
+fn attempts_exhausted(tried: i32) -> Answer {
+    let message = format!(
+        "the turn was lost mid-turn at each of its {tried} attempts (its agent failed or its pod died); it is not resumed again"
+    );
+    let body = json!({ "error": "attempts_exhausted", "message": message });
     Answer {
         status: 502,
         content_type: Some("application/json".to_owned()),
