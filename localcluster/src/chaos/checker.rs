@@ -45,7 +45,8 @@ pub enum Anomaly {
     },
     /// A history entry no client sent.
     Unknown { session: String, text: String, position: usize },
-    /// An answer without a directive other than `502 owner_failed` (a `5xx` or `4xx`),
+    /// An answer without a directive other than `502 owner_failed` or `502
+    /// attempts_exhausted` (a `5xx` or `4xx`),
     /// or a `200` that is not the agent's answer.
     UnexpectedAnswer { session: String, text: String, status: u16, body: String },
 }

@@ -213,6 +213,8 @@ pub fn classify(status: u16, body: &[u8]) -> Outcome {
                 .and_then(|v| v["error"].as_str().map(str::to_owned));
             match error.as_deref() {
                 Some("owner_failed") => Outcome::Ambiguous("502 owner_failed".into()),
+                // Lost mid-turn at every attempt: one of them may have checkpointed it.
+                Some("attempts_exhausted") => Outcome::Ambiguous("502 attempts_exhausted".into()),
                 _ => unexpected(),
             }
         }
@@ -247,6 +249,10 @@ mod tests {
         assert_eq!(
             classify(502, br#"{"error":"owner_failed"}"#),
             Outcome::Ambiguous("502 owner_failed".into())
+        );
+        assert_eq!(
+            classify(502, br#"{"error":"attempts_exhausted","message":"lost at each of its 5 attempts"}"#),
+            Outcome::Ambiguous("502 attempts_exhausted".into())
         );
         for (status, body) in [
             (502, &br#"{"error":"sidecar_unreachable"}"#[..]),
