@@ -880,3 +880,68 @@ async fn a_second_unreachable_hop_is_refused_owner_unreachable_with_a_directive(
     assert_eq!(counted, 1.0, "node-b counted the refusal");
     assert_eq!(support::history(&db, key).await, ["first", "taken"], "the refused turn ran nowhere");
 }
+
+/// An owner dies between journaling a batch of events and fanning it out (the failpoint
+/// stops node-a's sidecar right after the journal write; then the pod is killed). The
+/// observer connected to the node that takes the session over still gets those events,
+/// once and in order, before the new owner's own: the new owner reads them from the
+/// journal before its first event of the epoch. (A follower re-subscribing elsewhere got
+/// them from the journal already; the new owner's own observers did not.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_journaled_by_an_owner_that_died_before_sending_them_reach_the_next_owners_observers() {
+    const KEY: &str = "journaled-unsent";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let stop_after_journal = vec![("LEASEHOLD_FAILPOINT_STOP_AFTER_JOURNAL".to_owned(), KEY.to_owned())];
+    let options = ClusterOptions { sidecar_env: vec![stop_after_journal], ..short_lease_options() };
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let via_b = Client::new(vec![cluster.nodes[1].public_url()]);
+    // node-b owns the session at epoch 1; the observer on node-c sees its events.
+    let first = via_b.turn(KEY, &turn("first")).await.unwrap();
+    assert_eq!((first.status, first.owner.as_deref(), first.epoch), (200, Some("node-b"), Some(1)));
+    let stream = format!("{}/v1/sessions/{KEY}/stream", cluster.nodes[2].public_url());
+    let mut on_c = localcluster::Observer::open(&stream, Some("1-0")).await.unwrap();
+    on_c.until(Duration::from_secs(10), turn_finished(1)).await.unwrap();
+    // node-b dies; once its lease lapses, node-a claims the session at epoch 2 with a turn
+    // whose first batch of events is journaled, then node-a stops before sending it.
+    cluster.nodes[1].kill9();
+    let via_c = Client::new(vec![cluster.nodes[2].public_url()]);
+    let claimable_by = Instant::now() + Duration::from_secs(10);
+    while via_c.session(KEY, 0).await.unwrap()["claimable"] != true {
+        assert!(Instant::now() < claimable_by, "node-b's lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let zombie = post_on_node_a(&cluster, KEY, json!({ "text": "cut", "think_ms": 400, "tokens": 4 }));
+    let stopped_by = Instant::now() + Duration::from_secs(10);
+    while !localcluster::process::is_stopped(cluster.nodes[0].sidecar.pid()) {
+        assert!(Instant::now() < stopped_by, "node-a never reached the failpoint");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let journaled = journaled_ids(&db, KEY, 2).await;
+    assert!(!journaled.is_empty(), "node-a journaled its first events at epoch 2");
+    cluster.nodes[0].kill9();
+    let _ = zombie.await;
+    // node-c's sweep claims the session at epoch 3 and resumes the turn.
+    on_c.until(Duration::from_secs(20), turn_finished(2)).await.unwrap();
+    let ids = on_c.ids();
+    support::strictly_increasing(&ids);
+    for id in &journaled {
+        assert_eq!(ids.iter().filter(|seen| *seen == id).count(), 1, "{id} seen once: {ids:?}");
+    }
+    assert_eq!(support::history(&db, KEY).await, ["first", "cut"], "the cut turn resumed once");
+}
+
+/// The ids of the journaled events of `key` at `epoch`.
+async fn journaled_ids(db: &str, key: &str, epoch: i64) -> Vec<String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(db).await.unwrap();
+    let seqs: Vec<i64> = sqlx::query_scalar(
+        "SELECT seq FROM agent_turn_events WHERE agent_key = $1 AND epoch = $2 ORDER BY seq",
+    )
+    .bind(key)
+    .bind(epoch)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    seqs.into_iter().map(|seq| format!("{epoch}-{seq}")).collect()
+}

@@ -108,6 +108,21 @@ impl Publisher {
         id
     }
 
+    /// The newest event of `key` this node's observers have seen, if any.
+    pub fn last_seen(&self, key: &SessionKey) -> Option<EventId> {
+        self.hubs.last_delivered(key)
+    }
+
+    /// Hand this node's observers what an earlier owner journaled but never fanned out
+    /// (it died in between): `events` from the journal, up to the start of `epoch`.
+    pub fn catch_up(&self, key: &SessionKey, epoch: Epoch, events: Vec<JournalEvent>) -> usize {
+        events
+            .into_iter()
+            .take_while(|e| e.id.epoch < epoch)
+            .filter(|e| self.hubs.ingest_journaled(key, Event::new(e.id, &e.kind, &e.data)))
+            .count()
+    }
+
     /// Wait until every event of `key` at `epoch` published so far is journaled: true if
     /// all landed, false if one was fenced or could not be written.
     pub async fn flush(&self, key: &SessionKey, epoch: Epoch) -> bool {
@@ -162,6 +177,7 @@ impl Writer {
         if !batch.is_empty() {
             crate::failpoint::stop_before_journal(batch.iter().map(|a| &a.key));
             let landed = self.append(&batch).await;
+            crate::failpoint::stop_after_journal(batch.iter().map(|a| &a.key));
             for append in batch {
                 let Append { key, event, .. } = append;
                 if landed.contains(&(key.clone(), event.id)) {

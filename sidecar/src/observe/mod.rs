@@ -73,7 +73,11 @@ pub enum Message {
 
 #[derive(Debug)]
 struct Hub {
+    /// The newest event delivered, or the floor an ended epoch left (nothing more of it
+    /// is taken from a stream).
     last: Option<EventId>,
+    /// The newest event delivered.
+    seen: Option<EventId>,
     /// The last id given to an event of our agent not yet delivered (it is journaled
     /// first): ids are handed out in publish order, delivered in the same order.
     allocated: Option<EventId>,
@@ -99,6 +103,7 @@ impl Hub {
     fn new() -> Self {
         Hub {
             last: None,
+            seen: None,
             allocated: None,
             recent: VecDeque::new(),
             recent_bytes: 0,
@@ -133,7 +138,23 @@ impl Hub {
         if self.last.is_some_and(|last| event.id <= last) {
             return false;
         }
-        self.last = Some(event.id);
+        self.append(event);
+        true
+    }
+
+    /// Add an event read from the journal if it is newer than everything delivered: it
+    /// landed under the fence, so an ended epoch's floor does not hold it back.
+    fn push_journaled(&mut self, event: Event) -> bool {
+        if self.seen.is_some_and(|seen| event.id <= seen) {
+            return false;
+        }
+        self.append(event);
+        true
+    }
+
+    fn append(&mut self, event: Event) {
+        self.last = self.last.max(Some(event.id));
+        self.seen = Some(event.id);
         self.idle = false;
         self.recent_bytes += event.frame.len();
         self.recent.push_back(event.clone());
@@ -144,7 +165,6 @@ impl Hub {
             self.recent_bytes -= dropped.frame.len();
         }
         self.send(Message::Event(event));
-        true
     }
 
     /// What a new subscriber gets before the live stream, from memory, and what memory
@@ -295,6 +315,16 @@ impl Hubs {
     /// An event relayed from the owner; dropped if not newer than what we have.
     pub fn ingest(&self, key: &SessionKey, event: Event) -> bool {
         self.with(key, |hub| hub.push(event))
+    }
+
+    /// An event read from the journal; dropped if not newer than what was delivered.
+    pub fn ingest_journaled(&self, key: &SessionKey, event: Event) -> bool {
+        self.with(key, |hub| hub.push_journaled(event))
+    }
+
+    /// The newest event this node delivered of `key`, if it has a hub for it.
+    pub(crate) fn last_delivered(&self, key: &SessionKey) -> Option<EventId> {
+        self.hubs.lock().expect("hubs lock").get(key).and_then(|h| h.seen)
     }
 
     /// Subscribe: replay after `after` (or the current turn so far), then live. Both

@@ -44,6 +44,25 @@ fn stale_epochs_and_duplicates_are_never_ingested() {
     assert_eq!(got, ["2-1", "2-2"]);
 }
 
+#[test]
+fn an_ended_epochs_floor_holds_back_streams_but_not_the_journal() {
+    let hubs = Hubs::default();
+    let event = |id: &str| Event::new(EventId::parse(id).unwrap(), "token", "{}");
+    assert!(hubs.ingest(&key(), event("1-4")));
+    hubs.set_idle(&key(), Some(Epoch(2)));
+    assert!(!hubs.ingest(&key(), event("2-1")), "a stream's late event of the ended epoch");
+    assert_eq!(
+        hubs.last_delivered(&key()),
+        Some(EventId::parse("1-4").unwrap()),
+        "the floor is not delivered"
+    );
+    assert!(hubs.ingest_journaled(&key(), event("2-1")), "journaled under the fence: delivered");
+    assert!(!hubs.ingest_journaled(&key(), event("2-1")), "once");
+    assert!(!hubs.ingest_journaled(&key(), event("1-3")), "nothing older than what was delivered");
+    assert!(hubs.ingest(&key(), event("3-1")));
+    assert_eq!(hubs.last_delivered(&key()), Some(EventId::parse("3-1").unwrap()));
+}
+
 const ROOMY: StreamLimits = StreamLimits { per_node: 100, per_session: 100 };
 
 #[test]

@@ -33,6 +33,10 @@ use crate::{
     publish::Publisher,
 };
 
+/// Events an earlier owner may have journaled and not fanned out: at most what its last
+/// group commits held (a batch is bounded by `--journal-max-batch`).
+const CATCH_UP_LIMIT: i64 = 10_000;
+
 /// The event a new owner publishes before it re-dispatches an interrupted turn.
 pub const TURN_RESUMED: &str = "turn_resumed";
 
@@ -246,6 +250,7 @@ impl Runner {
         lease: &LocalLease,
         except: Option<&str>,
     ) -> Result<(), Outcome> {
+        self.catch_up_observers(lease).await;
         let unfinished =
             self.ownership.unfinished_turns(&lease.key).await.map_err(|e| self.journal_failed(lease, e))?;
         for record in
@@ -271,6 +276,28 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Before this epoch's first event: an earlier owner that died between journaling a
+    /// batch of events and fanning it out left this node's live observers short of it
+    /// (a follower re-subscribing elsewhere gets it from the journal; observers of the new
+    /// owner's own hub would not). Read it from the journal and deliver it, in order.
+    async fn catch_up_observers(&self, lease: &LocalLease) {
+        let Some(after) = self.publisher.last_seen(&lease.key).filter(|id| id.epoch < lease.epoch) else {
+            return;
+        };
+        match self.ownership.events_after(&lease.key, Some(after), CATCH_UP_LIMIT).await {
+            Ok(events) => {
+                let delivered = self.publisher.catch_up(&lease.key, lease.epoch, events);
+                if delivered > 0 {
+                    tracing::info!(key = %lease.key, delivered, "observers caught up on events the previous owner journaled but never sent");
+                }
+            }
+            // They miss those events; a reconnect with Last-Event-ID gets them.
+            Err(e) => {
+                tracing::warn!(key = %lease.key, error = %e, "observers could not be caught up from the journal")
+            }
+        }
     }
 
     /// Resume the unfinished turns of a session claimed with no request waiting (the
