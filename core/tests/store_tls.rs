@@ -1,60 +1,16 @@
 //! The store over TLS, against a real Postgres that accepts TLS connections only
-//! (`scripts/pg.sh start-tls`: `ssl=on`, `hostssl` alone in pg_hba.conf, a CA and a server
-//! certificate for DNS:localhost made with openssl). Self-contained: the server is started
-//! here and stopped by its PID when the test ends, pass or fail.
+//! (`support::tls_postgres`). Self-contained: the server is started here and stopped by
+//! its PID when the test ends, pass or fail.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+mod support;
+
+use std::time::Duration;
 
 use leasehold_core::{
     store::{Claim, LeaseStore},
     Owner, SessionKey,
 };
-
-/// The TLS-only server of one test run, stopped (by PID, through `pg.sh stop`) on drop.
-struct TlsPostgres {
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-impl TlsPostgres {
-    fn start() -> Self {
-        let dir =
-            tempfile::Builder::new().prefix("leasehold-pgtls.").tempdir().expect("a temporary directory");
-        let out =
-            Command::new(pg_script()).arg("start-tls").arg(dir.path()).output().expect("run scripts/pg.sh");
-        assert!(out.status.success(), "pg.sh start-tls: {}", String::from_utf8_lossy(&out.stderr));
-        let port = std::fs::read_to_string(dir.path().join("port")).expect("the port file");
-        Self { port: port.trim().parse().expect("a port number"), dir }
-    }
-
-    fn tls(&self) -> PathBuf {
-        self.dir.path().join("tls")
-    }
-
-    /// A URL to `host` with these query parameters.
-    fn url(&self, host: &str, query: &str) -> String {
-        format!("postgres://postgres@{host}:{}/postgres?{query}", self.port)
-    }
-
-    /// `sslmode=<mode>&sslrootcert=<the CA file named>`.
-    fn url_with_ca(&self, host: &str, mode: &str, ca: &str) -> String {
-        self.url(host, &format!("sslmode={mode}&sslrootcert={}", self.tls().join(ca).display()))
-    }
-}
-
-impl Drop for TlsPostgres {
-    fn drop(&mut self) {
-        let _ = Command::new(pg_script()).arg("stop").arg(self.dir.path()).status();
-    }
-}
-
-fn pg_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg.sh")
-}
+use support::tls_postgres::TlsPostgres;
 
 /// TTL of the node lease registered over TLS: long enough to outlast the test.
 const TTL: Duration = Duration::from_secs(60);
