@@ -65,9 +65,10 @@ async fn tls_modes_against_a_tls_only_server() {
 
     // The right CA, a host the certificate does not name (it lists DNS:localhost only).
     refused(&pg.url_with_ca("127.0.0.1", "verify-full", "ca.crt"), WRONG_NAME).await;
-    // verify-ca should accept it (libpq does); sqlx 0.8.6 with rustls >= 0.23.24 checks the
-    // name anyway (sqlx issue 3793, fixed in sqlx 0.9): pinned here so an upgrade that fixes
-    // it shows up (turn this into an accepted connection then). docs/postgres.md says so.
+    // verify-ca should accept it (libpq does); sqlx 0.8.6 (the last 0.8) with rustls >=
+    // 0.23.24 checks the name anyway (sqlx issue 3793, fixed upstream after 0.8.6): pinned
+    // here so an upgrade that fixes it shows up (turn this into an accepted connection
+    // then). docs/install.md#tls says so.
     refused(&pg.url_with_ca("127.0.0.1", "verify-ca", "ca.crt"), WRONG_NAME).await;
     LeaseStore::connect(&pg.url_with_ca("localhost", "verify-ca", "ca.crt"), 1)
         .await
