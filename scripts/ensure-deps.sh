@@ -18,11 +18,12 @@ done
 "$here/ensure-postgres.sh" >/dev/null
 
 # iptables for the fault test that partitions a peer port (it runs when root, as CI is);
-# python3 for the fault tests' small agent.
+# python3 for the fault tests' small agent; openssl for the certificates of the TLS tests.
 if [ "$(id -u)" = 0 ]; then
   missing=()
   command -v iptables >/dev/null 2>&1 || missing+=(iptables)
   command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "ensure-deps: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -4,14 +4,19 @@
 #   scripts/pg.sh start DIR    initdb into DIR (if new), start on a free port, print DATABASE_URL
 #   scripts/pg.sh stop DIR     stop the server started in DIR (by its PID)
 #   scripts/pg.sh url DIR      print the DATABASE_URL of the server in DIR
+#   scripts/pg.sh start-tls DIR  the same server, TLS only: a CA and a server certificate
+#                                for DNS:localhost (no IP name) made with openssl into
+#                                DIR/tls (ca.crt, and other-ca.crt that signed nothing);
+#                                pg_hba.conf accepts `hostssl` only. Prints a verify-full
+#                                DATABASE_URL naming DIR/tls/ca.crt.
 #
 # The server runs as the unprivileged `postgres` user (initdb refuses root) with fsync
 # off: this is scratch data. It never listens beyond loopback.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-cmd=${1:?usage: pg.sh start|stop|url DIR}
-dir=${2:?usage: pg.sh start|stop|url DIR}
+cmd=${1:?usage: pg.sh start|start-tls|stop|url DIR}
+dir=${2:?usage: pg.sh start|start-tls|stop|url DIR}
 
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
@@ -20,9 +25,31 @@ free_port() {
 }
 
 url() { echo "postgres://postgres@127.0.0.1:$(cat "$dir/port")/postgres?sslmode=disable"; }
+tls_url() { echo "postgres://postgres@localhost:$(cat "$dir/port")/postgres?sslmode=verify-full&sslrootcert=$dir/tls/ca.crt"; }
+
+# A CA, a second CA that signs nothing (the "wrong CA" of tests), and a server certificate
+# for DNS:localhost signed by the first. P-256 keys: quick to make. Valid two days.
+make_certs() {
+  local t="$dir/tls" ca_ext=(-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign)
+  mkdir -p "$t"
+  [ -f "$t/server.crt" ] && return 0
+  for ca in ca other-ca; do
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+      -subj "/CN=leasehold test $ca" "${ca_ext[@]}" -keyout "$t/$ca.key" -out "$t/$ca.crt" 2>/dev/null
+  done
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost \
+    -keyout "$t/server.key" -out "$t/server.csr" 2>/dev/null
+  printf '%s\n' subjectAltName=DNS:localhost basicConstraints=critical,CA:FALSE \
+    keyUsage=critical,digitalSignature extendedKeyUsage=serverAuth >"$t/server.ext"
+  openssl x509 -req -in "$t/server.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" -CAcreateserial \
+    -days 2 -extfile "$t/server.ext" -out "$t/server.crt" 2>/dev/null
+  chmod 600 "$t/server.key"
+  [ "$(id -u)" = 0 ] && chown -R postgres: "$t"
+  return 0
+}
 
 case "$cmd" in
-  start)
+  start|start-tls)
     bindir=$("$here/ensure-postgres.sh")
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
@@ -31,12 +58,18 @@ case "$cmd" in
         || { cat "$dir/initdb.log" >&2; exit 1; }
     fi
     [ -f "$dir/port" ] || free_port >"$dir/port"
+    tls_opts=""
+    if [ "$cmd" = start-tls ]; then
+      make_certs
+      printf '%s\n' "local all all trust" "hostssl all all 127.0.0.1/32 trust" >"$dir/data/pg_hba.conf"
+      tls_opts="-c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key"
+    fi
     as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 start -o \
       "-c listen_addresses=127.0.0.1 -p $(cat "$dir/port") -k $dir -c fsync=off -c synchronous_commit=off \
-       -c full_page_writes=off -c max_connections=400 -c shared_buffers=256MB" >/dev/null \
+       -c full_page_writes=off -c max_connections=400 -c shared_buffers=256MB $tls_opts" >/dev/null \
       || { tail -20 "$dir/postgres.log" >&2; exit 1; }
     head -1 "$dir/data/postmaster.pid" >"$dir/pid"
-    url
+    if [ "$cmd" = start-tls ]; then tls_url; else url; fi
     ;;
   stop)
     if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
@@ -48,5 +81,5 @@ case "$cmd" in
     rm -f "$dir/pid"
     ;;
   url) url ;;
-  *) echo "usage: pg.sh start|stop|url DIR" >&2; exit 2 ;;
+  *) echo "usage: pg.sh start|start-tls|stop|url DIR" >&2; exit 2 ;;
 esac

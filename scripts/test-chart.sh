@@ -114,6 +114,7 @@ render custom --set metrics.port=9090 --set metrics.service.enabled=false \
   --set-string image.tag=1.2.3 --set-string sidecarImage.tag=4.5.6 --set logLevel=debug \
   --set serviceAccount.create=false --set serviceAccount.name=existing-sa \
   --set 'extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'extraEnv[0].value=10.1.2.3'
+render postgresca --set postgresCA.secretName=pg-ca --set postgresCA.key=root.pem
 # NOTES.txt: helm renders it only on install, which needs a cluster even with
 # --dry-run=client. So a second copy of the chart wraps it in a named template and
 # renders it into a ConfigMap that helm template prints.
@@ -156,6 +157,8 @@ expect_rejected --set image.bogus=1
 expect_rejected --set sidecarImage.bogus=1
 expect_rejected --set metrics.bogus=1
 expect_rejected --set replicaCount=two
+expect_rejected --set postgresCA.bogus=1
+expect_rejected --set postgresCA.key=
 
 # --- the rendered objects -------------------------------------------------------
 cat >"$tmp/verify.py" <<'PYEOF'
@@ -396,6 +399,27 @@ if custom:
     check("serviceAccount.name is used by the pod and both bindings",
           cpod["serviceAccountName"] == "existing-sa"
           and all(s["name"] == "existing-sa" for s in subjects), subjects)
+
+# The databases' CA: nothing by default; with postgresCA.secretName, a read-only mount at
+# the sidecars' path, named by PGSSLROOTCERT, and PGSSLMODE=verify-full.
+default_spec = default_pod["spec"]
+default_env = [e["name"] for e in default_spec["containers"][0]["env"]]
+check("no CA mount and no PGSSL* env by default",
+      "volumes" not in default_spec and "volumeMounts" not in default_spec["containers"][0]
+      and not any(n.startswith("PGSSL") for n in default_env), default_env)
+postgresca = load("postgresca")
+if postgresca:
+    ppod = by_kind(postgresca)["Deployment"]["spec"]["template"]["spec"]
+    pc = operator_container(postgresca)
+    check("postgresCA mounts its Secret's key as ca.crt",
+          ppod.get("volumes") == [{"name": "postgres-ca", "secret": {
+              "secretName": "pg-ca", "items": [{"key": "root.pem", "path": "ca.crt"}]}}], ppod.get("volumes"))
+    check("postgresCA is mounted read-only at /etc/leasehold/postgres-ca",
+          pc.get("volumeMounts") == [{"name": "postgres-ca", "mountPath": "/etc/leasehold/postgres-ca",
+                                      "readOnly": True}], pc.get("volumeMounts"))
+    check("postgresCA sets PGSSLROOTCERT to the file and PGSSLMODE=verify-full",
+          {"name": "PGSSLROOTCERT", "value": "/etc/leasehold/postgres-ca/ca.crt"} in pc["env"]
+          and {"name": "PGSSLMODE", "value": "verify-full"} in pc["env"], pc["env"])
 
 # NOTES.txt.
 def notes(name):

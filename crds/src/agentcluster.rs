@@ -185,10 +185,32 @@ pub struct DatabaseRef {
     /// Key within the Secret whose value is the Postgres URL.
     #[serde(default = "default_database_key")]
     pub key: String,
+    /// The CA bundle (PEM) that signed the database server's certificate, for a database
+    /// whose CA is private (most managed ones). Mounted read-only into the sidecar at
+    /// /etc/leasehold/postgres-ca/ca.crt, which PGSSLROOTCERT names, with PGSSLMODE
+    /// verify-full; an sslmode or sslrootcert in the URL wins over both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<CaSecretRef>,
 }
 
 fn default_database_key() -> String {
     "DATABASE_URL".into()
+}
+
+/// The Secret (in the AgentCluster's namespace) holding a CA bundle.
+#[derive(JsonSchema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CaSecretRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
+    /// Key within the Secret whose value is the PEM bundle.
+    #[serde(default = "default_ca_key")]
+    pub key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
 }
 
 /// The Secret (in the AgentCluster's namespace) holding the cluster secret.

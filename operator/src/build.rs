@@ -8,9 +8,9 @@ use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
         core::v1::{
-            Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle,
+            Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, KeyToPath, Lifecycle,
             LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector,
-            SecurityContext, Service, ServicePort, ServiceSpec,
+            SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
         },
         networking::v1::{
             NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -30,6 +30,14 @@ use crate::{
     cluster_keys::SECRET_VERSION,
     validate::{Timings, ADMIN_PORT, PEER_PORT, PUBLIC_PORT, SIDECAR_CONTAINER},
 };
+
+/// Where the sidecar finds the database's CA bundle (`spec.database.caSecret`): the
+/// Helm chart mounts the operator's own at the same path.
+pub const POSTGRES_CA_DIR: &str = "/etc/leasehold/postgres-ca";
+/// The bundle's file in [`POSTGRES_CA_DIR`], whatever the Secret's key.
+pub const POSTGRES_CA_FILE: &str = "ca.crt";
+/// The pod volume carrying it.
+pub const POSTGRES_CA_VOLUME: &str = "leasehold-postgres-ca";
 
 /// The label every child and pod carries; pods are found by it.
 pub const CLUSTER_LABEL: &str = "leasehold.dev/cluster";
@@ -194,6 +202,11 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
     if let Some(attempts) = spec.turns.max_attempts {
         env_vars.push(env("LEASEHOLD_MAX_TURN_ATTEMPTS", attempts.to_string()));
     }
+    // libpq's variables, read by sqlx under the URL's own parameters.
+    if spec.database.ca_secret.is_some() {
+        env_vars.push(env("PGSSLROOTCERT", format!("{POSTGRES_CA_DIR}/{POSTGRES_CA_FILE}")));
+        env_vars.push(env("PGSSLMODE", "verify-full"));
+    }
     Container {
         name: SIDECAR_CONTAINER.to_owned(),
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),
@@ -212,6 +225,14 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
             ..Default::default()
         }),
         lifecycle: Some(sidecar_drain_hook()),
+        volume_mounts: spec.database.ca_secret.as_ref().map(|_| {
+            vec![VolumeMount {
+                name: POSTGRES_CA_VOLUME.to_owned(),
+                mount_path: POSTGRES_CA_DIR.to_owned(),
+                read_only: Some(true),
+                ..Default::default()
+            }]
+        }),
         resources: s.resources.clone(),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
@@ -226,6 +247,24 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
         }),
         ..Container::default()
     }
+}
+
+/// The volume of `spec.database.caSecret`, its key as [`POSTGRES_CA_FILE`].
+fn postgres_ca_volume(ac: &AgentCluster) -> Option<Volume> {
+    let ca = ac.spec.database.ca_secret.as_ref()?;
+    Some(Volume {
+        name: POSTGRES_CA_VOLUME.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(ca.secret_name.clone()),
+            items: Some(vec![KeyToPath {
+                key: ca.key.clone(),
+                path: POSTGRES_CA_FILE.to_owned(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
 }
 
 /// A short, stable hash of what shapes the pods.
@@ -264,6 +303,9 @@ pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str, secret_vers
         container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = Some(agent_drained_hook());
     }
     pod.containers.push(sidecar(ac, image));
+    if let Some(volume) = postgres_ca_volume(ac) {
+        pod.volumes.get_or_insert_with(Vec::new).push(volume);
+    }
     let needed = i64::try_from(timings.drain_timeout.as_secs()).unwrap_or(i64::MAX) + GRACE_MARGIN_SECS;
     pod.termination_grace_period_seconds =
         Some(pod.termination_grace_period_seconds.unwrap_or(0).max(needed));

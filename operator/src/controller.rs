@@ -92,7 +92,7 @@ pub async fn reconcile(ac: Arc<AgentCluster>, ctx: Arc<Context>) -> Result<Actio
 }
 
 pub fn error_policy(ac: Arc<AgentCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(cluster = %ac.name_any(), %error, "reconcile failed");
+    tracing::warn!(cluster = %ac.name_any(), error = %crate::error::one_line(error), "reconcile failed");
     ctx.metrics.error(error.metric_label());
     Action::requeue(ERROR_REQUEUE)
 }
@@ -128,8 +128,9 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     let (leases, degraded) = match lease_counts(ctx, &ns, ac, &pods).await {
         Ok(leases) => (leases, None),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot count leases");
-            (HashMap::new(), Some(("StoreUnavailable", e.to_string())))
+            let cause = crate::error::one_line(&e);
+            tracing::warn!(error = %cause, "cannot count leases");
+            (HashMap::new(), Some(("StoreUnavailable", cause)))
         }
     };
     let total: i64 = leases.values().sum();
@@ -287,7 +288,7 @@ async fn collect_expired(
         Ok(_) => {}
         Err(e) => {
             ctx.metrics.error(e.metric_label());
-            tracing::warn!(error = %e, "retention failed");
+            tracing::warn!(error = %crate::error::one_line(&e), "retention failed");
         }
     }
 }

@@ -37,7 +37,44 @@ impl Error {
     }
 }
 
+/// The error and its causes on one line (for logs and condition messages): a store error
+/// says "lease store failed" alone, its cause (a refused TLS certificate, say) is below it.
+/// A cause whose text its parent already quoted is not repeated.
+pub fn one_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}
+
 /// Attach the call's description to a kube error.
 pub fn kube(context: &'static str) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { context, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner: {0}")]
+    struct Inner(#[source] std::io::Error);
+
+    #[test]
+    fn one_line_names_every_cause_once() {
+        let e = Outer(Inner(std::io::Error::other("root cause")));
+        // The io error's text is already in Inner's: not repeated.
+        assert_eq!(one_line(&e), "outer: inner: root cause");
+    }
 }

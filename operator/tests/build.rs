@@ -399,3 +399,45 @@ fn invalid_turn_settings_are_named() {
     assert_eq!(MIN_ANSWER_RETENTION, Duration::from_secs(300));
     assert!(leasehold_crds::crd_yaml().contains("duration(self) >= duration('5m')"));
 }
+
+#[test]
+fn the_database_ca_secret_is_mounted_read_only_into_the_sidecar_and_named_by_pgsslrootcert() {
+    let mut ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let plain = build::deployment(&ac, &timings, IMAGE, VERSION);
+    let plain_pod = plain.spec.template.spec.as_ref().unwrap();
+    assert_eq!(plain_pod.volumes, None, "no CA, no volume");
+    assert!(sidecar_of(&plain).volume_mounts.is_none());
+    assert_eq!(env_value(&sidecar_of(&plain), "PGSSLROOTCERT"), None);
+
+    // The key defaults to ca.crt (cert-manager's); here the Secret names another.
+    let database: leasehold_crds::DatabaseRef =
+        serde_json::from_value(serde_json::json!({"secretName": "chat-db", "caSecret": {"secretName": "x"}}))
+            .unwrap();
+    assert_eq!(database.ca_secret.unwrap().key, "ca.crt");
+    ac.spec.database.ca_secret =
+        Some(leasehold_crds::CaSecretRef { secret_name: "chat-db-ca".into(), key: "root.pem".into() });
+    let d = build::deployment(&ac, &timings, IMAGE, VERSION);
+    let pod = d.spec.template.spec.as_ref().unwrap();
+    let volumes = pod.volumes.as_ref().expect("the CA volume");
+    assert_eq!(volumes.len(), 1);
+    let secret = volumes[0].secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("chat-db-ca"));
+    let item = &secret.items.as_ref().unwrap()[0];
+    assert_eq!((item.key.as_str(), item.path.as_str()), ("root.pem", build::POSTGRES_CA_FILE));
+
+    let sidecar = sidecar_of(&d);
+    let mounts = sidecar.volume_mounts.as_ref().expect("the sidecar mounts it");
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].name, volumes[0].name);
+    assert_eq!(mounts[0].mount_path, "/etc/leasehold/postgres-ca");
+    assert_eq!(mounts[0].read_only, Some(true));
+    assert_eq!(env_value(&sidecar, "PGSSLROOTCERT").as_deref(), Some("/etc/leasehold/postgres-ca/ca.crt"));
+    assert_eq!(env_value(&sidecar, "PGSSLMODE").as_deref(), Some("verify-full"));
+    let agent = pod.containers.iter().find(|c| c.name == "agent").unwrap();
+    assert!(agent.volume_mounts.is_none(), "the agent container does not see it");
+    let hash = |d: &k8s_openapi::api::apps::v1::Deployment| {
+        d.spec.template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()[TEMPLATE_HASH].clone()
+    };
+    assert_ne!(hash(&plain), hash(&d), "adding the CA rolls the pods");
+}

@@ -30,6 +30,10 @@ use localcluster::{Cluster as LocalCluster, ClusterOptions, Link};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
+// A real Postgres that accepts TLS connections only, shared with the store's tests.
+#[path = "../../core/tests/support/tls_postgres.rs"]
+mod tls_postgres;
+
 /// One request the operator made.
 #[derive(Debug, Clone)]
 struct Call {
@@ -455,6 +459,29 @@ async fn an_invalid_spec_is_degraded_and_touches_no_child() {
     assert!(message.contains("spec.replicas"), "{message}");
     assert!(message.contains("spec.turns.answerRetention: \"someday\""), "{message}");
     assert!(calls.iter().any(|c| c.method == "POST" && c.path.contains("/events")), "a Warning event");
+}
+
+/// A database that refuses the operator's TLS (a CA that did not sign its certificate)
+/// degrades the cluster with `StoreUnavailable`, and the condition names the cause
+/// (before, it said "lease store failed" alone).
+#[tokio::test]
+async fn a_tls_refusal_is_named_in_the_store_unavailable_condition() {
+    let pg = tls_postgres::TlsPostgres::start();
+    let fake =
+        fake(&pg.url_with_ca("localhost", "verify-full", "other-ca.crt"), vec![pod("chat-0", json!({}))]);
+    let ac: AgentCluster = serde_json::from_value(fake.cluster.clone()).unwrap();
+    reconcile(Arc::new(ac), context(&fake)).await.unwrap();
+    let calls = fake.calls();
+    let status = &patches(&calls, "/agentclusters/chat/status")[0].body["status"];
+    let degraded = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Degraded").unwrap();
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("StoreUnavailable"))
+    );
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains("not signed by a CA this process trusts"), "{message}");
+    assert!(message.contains("UnknownIssuer"), "the driver's own words follow: {message}");
+    assert_eq!(message.lines().count(), 1, "{message}");
 }
 
 /// The operator drains a terminating pod through a real sidecar's admin port, signing

@@ -9,6 +9,7 @@ pub mod journal;
 pub mod leases;
 pub mod nodes;
 pub mod notify;
+mod refusal;
 pub mod retention;
 
 use std::time::Duration;
@@ -59,7 +60,8 @@ pub enum Error {
     #[error("claim of session {key} did not settle after {attempts} attempts")]
     ClaimUnsettled { key: SessionKey, attempts: u32 },
 
-    #[error("lease store: {context} failed")]
+    /// Its text ends with a hint when the cause is a TLS setting (see `refusal`).
+    #[error("lease store: {context} failed{}", refusal::suffix(source))]
     Database {
         context: &'static str,
         #[source]
@@ -71,7 +73,7 @@ pub enum Error {
     #[error("lease store: {context} did not answer within {STATEMENT_TIMEOUT:?}")]
     Timeout { context: &'static str },
 
-    #[error("applying migrations failed")]
+    #[error("applying migrations failed{}", refusal::migrate_suffix(.0))]
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
 

@@ -2,6 +2,8 @@
 //! `scripts/with-postgres.sh` starts (`make test`), so tests run in parallel.
 #![allow(dead_code)]
 
+pub mod tls_postgres;
+
 use std::time::Duration;
 
 use leasehold_core::{store::LeaseStore, Owner, SessionKey};
