@@ -21,6 +21,8 @@ test: ## the whole suite: test-unit, then e2e (what CI runs)
 	$(MAKE) e2e
 
 test-unit: deps ## lint, then every test (unit, store, real processes) on a throwaway Postgres, and the chart
+	python3 docs/check-links.py
+	python3 docs/check-snippets.py charts
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo build --workspace --bins --locked
