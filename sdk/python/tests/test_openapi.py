@@ -42,6 +42,9 @@ SHORT_TURN_S = 3.0
 SETTLE_S = 15.0
 #: Every request's timeout: the longest answer provoked here is a drain (a few seconds).
 REQUEST_TIMEOUT_S = 60.0
+#: Long enough that a killed owner's lease is surely still live when the test asks for
+#: its session (`takeover_pending`) on a loaded machine; short enough to wait out once.
+LEASE_TTL_MS = 10_000
 #: Small limits the test can reach: connections per listener, turns waiting per session,
 #: bytes in an agent's answer, streams per session.
 MAX_CONNECTIONS = 16
@@ -324,7 +327,10 @@ def test_every_documented_route_and_status_against_running_sidecars(
         return agents[node.name]
 
     cluster = make_cluster(
-        nodes=3, agents=dict.fromkeys(range(3), recording), sidecar_args=SIDECAR_ARGS
+        nodes=3,
+        agents=dict.fromkeys(range(3), recording),
+        sidecar_args=SIDECAR_ARGS,
+        lease_ttl_ms=LEASE_TTL_MS,
     )
     a, b, c = cluster.nodes
     pub = {n.name: Api(coverage, client_doc, n.public_url) for n in cluster.nodes}
