@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-unit test-sdk test-fast e2e e2e-kind lint fmt bench deps build generate chart chaos
+.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench deps build generate chart chaos
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,6 +21,8 @@ test: ## the whole suite: test-unit, then e2e (what CI runs)
 	$(MAKE) e2e
 
 test-unit: deps ## lint, then every test (unit, store, real processes) on a throwaway Postgres, and the chart
+	python3 docs/check-links.py
+	python3 docs/check-snippets.py charts
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo build --workspace --bins --locked
@@ -31,6 +33,9 @@ test-unit: deps ## lint, then every test (unit, store, real processes) on a thro
 test-sdk: ## the Python and TypeScript SDKs: lint, types, tests against real sidecars (needs `make build`)
 	sdk/python/run-tests.sh
 	sdk/typescript/run-tests.sh
+
+openapi: ## only docs/openapi*.yaml against running sidecars (part of test-sdk; needs `make build`)
+	sdk/python/run-tests.sh tests/test_openapi.py
 
 e2e: deps ## end-to-end on a real local Kubernetes built from its own components (root; cached builds)
 	scripts/e2e.sh

@@ -538,6 +538,17 @@ if example:
         for bad in [{"multitask": "parallel"}, {"queueLimit": 0}, {"queueLimit": 10001},
                     {"maxAnswerBytes": 0}, {"answerRetention": "soon"}]:
             check(f"the CRD schema refuses spec.turns {bad}", turns_errors(bad), "accepted")
+
+# The kind walk-through's Postgres (docs/install.md): its Secret is the one the example reads.
+with open(f"{chart}/examples/postgres.yaml") as f:
+    pg = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f) if d}
+wanted = example[0]["spec"]["database"] if example else {}
+secret = pg.get(("Secret", wanted.get("secretName")), {})
+url = secret.get("stringData", {}).get(wanted.get("key"), "")
+check("examples/postgres.yaml holds the Secret and key examples/agentcluster.yaml reads",
+      url.startswith("postgres://") and "@postgres:5432/" in url, sorted(pg))
+check("examples/postgres.yaml has a Deployment and a Service named postgres",
+      ("Deployment", "postgres") in pg and ("Service", "postgres") in pg, sorted(pg))
 PYEOF
 
 if python3 "$tmp/verify.py" "$tmp" "$chart" "$release" "$namespace" "$crd_kind" >"$tmp/verify.out" 2>&1; then

@@ -397,8 +397,11 @@ class Cluster:
         drain_timeout_ms: int = 5000,
         agents: dict[int, Callable[[Node], Any]] | None = None,
         default_agent: Callable[[Node], Any] = demo_agent_argv,
+        sidecar_args: list[str] | None = None,
     ) -> None:
         self.database_url = database_url
+        #: Extra flags for every sidecar (limits a test wants small).
+        self.sidecar_args = list(sidecar_args or [])
         self.log_dir = log_dir
         self.lease_ttl = lease_ttl_ms / 1000
         self.secret = f"secret-{uuid.uuid4().hex}"
@@ -453,6 +456,7 @@ class Cluster:
             f"{drain_ms}ms",
             "--cluster-secret",
             self.secret,
+            *self.sidecar_args,
         ]
         env = _clean_env()
         env["LEASEHOLD_LOG"] = "info,leasehold_sidecar=debug"
