@@ -97,6 +97,7 @@ pub struct Metrics {
     leases_held: Gauge,
     in_flight: Gauge,
     handed_back: Counter,
+    drain_timeouts: Counter,
     observers: Gauge,
     upstreams: Gauge,
     observers_cut: Counter,
@@ -135,6 +136,7 @@ impl Metrics {
             leases_held: Gauge::default(),
             in_flight: Gauge::default(),
             handed_back: Counter::default(),
+            drain_timeouts: Counter::default(),
             observers: Gauge::default(),
             upstreams: Gauge::default(),
             observers_cut: Counter::default(),
@@ -181,6 +183,11 @@ impl Metrics {
             m.in_flight.clone(),
         );
         registry.register("handed_back", "Sessions handed back by drains", m.handed_back.clone());
+        registry.register(
+            "drain_timeouts",
+            "Drains whose in-flight turns did not finish within the drain timeout (the rest were stood down)",
+            m.drain_timeouts.clone(),
+        );
         registry.register("observers", "Open /stream connections on this node", m.observers.clone());
         registry.register(
             "upstreams",
@@ -307,6 +314,10 @@ impl Metrics {
 
     pub fn handed_back(&self, n: u64) {
         self.handed_back.inc_by(n);
+    }
+
+    pub fn drain_timed_out(&self) {
+        self.drain_timeouts.inc();
     }
 
     pub fn observers(&self, delta: i64) {
