@@ -22,7 +22,8 @@ echo "ensure-promtool: building promtool $PROMTOOL_VERSION with go install (a fe
 # Build into a private GOBIN so a promtool of another version on PATH is never overwritten.
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
-GOBIN="$build" GOFLAGS=-mod=mod go install -trimpath -ldflags "-s -w" \
+GOBIN="$build" GOFLAGS=-mod=mod go install -trimpath \
+  -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v}" \
   "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION" >&2
 mv "$build/promtool" "$pinned"
 "$pinned" --version >/dev/null || { echo "ensure-promtool: $pinned does not run" >&2; exit 1; }
