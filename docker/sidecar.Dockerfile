@@ -5,6 +5,8 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
+# The commit shown by the leasehold_build_info metric: --build-arg LEASEHOLD_GIT_COMMIT=$(git rev-parse HEAD).
+ARG LEASEHOLD_GIT_COMMIT=""
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked -p leasehold-sidecar \

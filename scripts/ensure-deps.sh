@@ -31,3 +31,6 @@ if [ "$(id -u)" = 0 ]; then
       || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
   fi
 fi
+
+# promtool (pinned), for the chart test's `promtool check rules` / `promtool test rules`.
+"$here/ensure-promtool.sh" >/dev/null

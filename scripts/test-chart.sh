@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Lint and render the Helm chart charts/leasehold, then check what it renders:
 # the set of objects, the exact RBAC rules, the labels, the operator Deployment,
-# the --watch-namespace switch, the example AgentCluster against the CRD, and that
-# the values schema rejects bad values. Needs no cluster.
+# the --watch-namespace switch, the example AgentCluster against the CRD, that
+# the values schema rejects bad values, and the monitoring objects: the PodMonitors, the
+# Grafana dashboard, and the PrometheusRule, whose rules promtool checks and unit-tests
+# (files/prometheus-rules.test.yaml). Needs no cluster.
 # Ends with "N passed, M failed"; exits non-zero when anything failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +16,8 @@ kube=(--kube-version 1.33.0)
 
 helm=$("$root/scripts/ensure-helm.sh")
 echo "helm: $helm ($("$helm" version --short))"
+promtool=$("$root/scripts/ensure-promtool.sh")
+echo "promtool: $promtool ($("$promtool" --version 2>&1 | head -1))"
 
 if ! python3 -c 'import yaml' 2>/dev/null; then
   echo "installing PyYAML" >&2
@@ -115,6 +119,10 @@ render custom --set metrics.port=9090 --set metrics.service.enabled=false \
   --set serviceAccount.create=false --set serviceAccount.name=existing-sa \
   --set 'extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'extraEnv[0].value=10.1.2.3'
 render postgresca --set postgresCA.secretName=pg-ca --set postgresCA.key=root.pem
+render monitors --set monitoring.podMonitors.enabled=true --set monitoring.prometheusRule.enabled=true \
+  --set monitoring.dashboard.enabled=true --set monitoring.labels.release=kube-prometheus
+render monitors-watch --set monitoring.podMonitors.enabled=true --set watchNamespace=team-a \
+  --set monitoring.dashboard.enabled=true --set monitoring.dashboard.namespace=grafana
 # NOTES.txt: helm renders it only on install, which needs a cluster even with
 # --dry-run=client. So a second copy of the chart wraps it in a named template and
 # renders it into a ConfigMap that helm template prints.
@@ -159,6 +167,9 @@ expect_rejected --set metrics.bogus=1
 expect_rejected --set replicaCount=two
 expect_rejected --set postgresCA.bogus=1
 expect_rejected --set postgresCA.key=
+expect_rejected --set monitoring.bogus=1
+expect_rejected --set monitoring.podMonitors.interval=often
+expect_rejected --set monitoring.prometheusRule.enabled=yes
 
 # --- the rendered objects -------------------------------------------------------
 cat >"$tmp/verify.py" <<'PYEOF'
@@ -438,6 +449,58 @@ check("with watchNamespace=team-a, NOTES.txt works in namespace team-a",
       "-n team-a create secret" in text and "-n team-a apply -f" in text
       and "-n team-a get ac" in text, text)
 
+# The monitoring objects: none by default (the exact default set above), all three on.
+monitors = load("monitors")
+if monitors:
+    import json
+    kinds = sorted(o["kind"] for o in monitors)
+    check("monitoring on adds two PodMonitors, a PrometheusRule and a dashboard ConfigMap",
+          kinds == sorted(want + ["PodMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"]), kinds)
+    pms = {o["metadata"]["name"]: o for o in monitors if o["kind"] == "PodMonitor"}
+    op, sc = pms.get(f"{FULLNAME}-operator", {}), pms.get(f"{FULLNAME}-sidecars", {})
+    check("the operator PodMonitor selects the operator pods' metrics port in the release namespace",
+          op.get("spec", {}).get("selector") == {"matchLabels": SELECTOR}
+          and op["spec"].get("namespaceSelector") == {"matchNames": [namespace]}
+          and [(e["port"], e["path"]) for e in op["spec"]["podMetricsEndpoints"]] == [("metrics", "/metrics")],
+          op.get("spec"))
+    check("the sidecar PodMonitor selects the AgentCluster pods' admin port in every namespace",
+          sc.get("spec", {}).get("selector") == {"matchLabels": {"app.kubernetes.io/name": "leasehold-agent",
+                                                                 "app.kubernetes.io/managed-by": "leasehold-operator"}}
+          and sc["spec"].get("namespaceSelector") == {"any": True}
+          and [(e["port"], e["path"]) for e in sc["spec"]["podMetricsEndpoints"]] == [("admin", "/metrics")],
+          sc.get("spec"))
+    for o in monitors:
+        if o["kind"] in ("PodMonitor", "PrometheusRule"):
+            check(f"{o['kind']} {o['metadata']['name']} carries monitoring.labels",
+                  o["metadata"]["labels"].get("release") == "kube-prometheus", o["metadata"]["labels"])
+    rule = next((o for o in monitors if o["kind"] == "PrometheusRule"), {})
+    with open(f"{chart}/files/prometheus-rules.yaml") as f:
+        source = yaml.safe_load(f)
+    check("the PrometheusRule's groups are files/prometheus-rules.yaml's",
+          rule.get("spec") == {"groups": source["groups"]}, rule.get("spec"))
+    # The rules as Prometheus loads them, for promtool.
+    with open(f"{tmp}/rules.yaml", "w") as f:
+        yaml.safe_dump(rule.get("spec", {}), f, sort_keys=False)
+    cm = next((o for o in monitors if o["kind"] == "ConfigMap"), {"metadata": {}, "data": {}})
+    try:
+        dash = json.loads(cm["data"].get("leasehold.json", ""))
+    except ValueError as e:
+        dash = {"error": str(e)}
+    check("the dashboard ConfigMap holds files/dashboard.json, labelled grafana_dashboard=1",
+          cm["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+          and dash == json.load(open(f"{chart}/files/dashboard.json")) and dash.get("panels"),
+          cm["metadata"])
+watched = load("monitors-watch")
+if watched:
+    sc = next((o for o in watched if o["kind"] == "PodMonitor" and o["metadata"]["name"].endswith("-sidecars")), {})
+    check("with watchNamespace=team-a, the sidecar PodMonitor looks in team-a only",
+          sc.get("spec", {}).get("namespaceSelector") == {"matchNames": ["team-a"]}, sc.get("spec"))
+    cm = next((o for o in watched if o["kind"] == "ConfigMap"), {"metadata": {}})
+    check("monitoring.dashboard.namespace places the dashboard ConfigMap",
+          cm["metadata"].get("namespace") == "grafana", cm["metadata"])
+    check("no PrometheusRule unless asked", not any(o["kind"] == "PrometheusRule" for o in watched),
+          sorted(o["kind"] for o in watched))
+
 # The CRD (generated by crdgen, or the placeholder) and the example against it.
 crds = [o for o in load("crds") if o["kind"] == "CustomResourceDefinition"]
 check(f"--include-crds adds exactly one CRD ({crd_kind})", len(crds) == 1, len(crds))
@@ -564,6 +627,25 @@ while IFS= read -r line; do
   esac
 done <"$tmp/verify.out"
 [ "$rc" -eq 0 ] || fail "verify.py crashed (exit $rc); see the output above"
+
+# --- the alerts, as the chart renders them: promtool check and unit tests --------
+if [ -s "$tmp/rules.yaml" ]; then
+  if "$promtool" check rules "$tmp/rules.yaml" >"$tmp/promtool.out" 2>&1; then
+    pass "promtool check rules (the rendered PrometheusRule: $(grep -c 'alert:' "$tmp/rules.yaml") alerts)"
+  else
+    fail "promtool check rules:"
+    sed 's/^/    /' "$tmp/promtool.out"
+  fi
+  cp "$chart/files/prometheus-rules.test.yaml" "$tmp/rules.test.yaml"
+  if "$promtool" test rules "$tmp/rules.test.yaml" >"$tmp/promtool.out" 2>&1; then
+    pass "promtool test rules (files/prometheus-rules.test.yaml)"
+  else
+    fail "promtool test rules:"
+    sed 's/^/    /' "$tmp/promtool.out"
+  fi
+else
+  fail "no rendered PrometheusRule to check with promtool"
+fi
 
 [ "$failed" -eq 0 ] || echo "test-chart: $failed check(s) failed: see the lines starting with FAIL above"
 echo "$passed passed, $failed failed"

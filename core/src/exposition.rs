@@ -4,7 +4,7 @@
 //! agents, text-format parsers), which differs in three ways: a counter's `# HELP`/`# TYPE`
 //! name carries its `_total` suffix, there is no `# UNIT` and no `# EOF`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use http::{header, HeaderMap};
 
@@ -62,6 +62,43 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
     out
 }
 
+/// Every series name a query may use for the families of an OpenMetrics exposition (from
+/// its `# TYPE` lines, so families without a sample yet count too): a counter's `_total`,
+/// a histogram's `_bucket`, `_sum` and `_count`, a gauge's own name.
+pub fn series_names(openmetrics: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in openmetrics.lines() {
+        let Some(("TYPE", name, kind)) = comment(line) else { continue };
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_sum", "_count"],
+            "summary" => &["", "_sum", "_count"],
+            "info" => &["_info"],
+            _ => &[""],
+        };
+        names.extend(suffixes.iter().map(|suffix| format!("{name}{suffix}")));
+    }
+    names
+}
+
+/// The metric names starting with `prefix` that `text` (a rules file, a dashboard) uses:
+/// each maximal `[a-zA-Z0-9_:]` run that begins with `prefix`.
+pub fn names_used<'a>(text: &'a str, prefix: &str) -> BTreeSet<&'a str> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut used = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let starts_a_name = !rest[..at].chars().next_back().is_some_and(is_name);
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| !is_name(c)).unwrap_or(tail.len());
+        if starts_a_name {
+            used.insert(&tail[..end]);
+        }
+        rest = &tail[end.max(1)..];
+    }
+    used
+}
+
 /// `# KEYWORD name rest` → (keyword, name, rest); `# EOF` → ("EOF", "", "").
 fn comment(line: &str) -> Option<(&str, &str, &str)> {
     let body = line.strip_prefix("# ")?;
@@ -117,6 +154,25 @@ mod tests {
     fn info_and_unknown_types_map_to_classic_ones() {
         let text = to_prometheus_text("# TYPE a info\na_info{v=\"1\"} 1\n# TYPE b unknown\nb 2\n# EOF\n");
         assert_eq!(text, "# TYPE a_info gauge\na_info{v=\"1\"} 1\n# TYPE b untyped\nb 2\n");
+    }
+
+    #[test]
+    fn series_names_and_names_used() {
+        let names = series_names(&exposition());
+        let histogram = "# TYPE demo_seconds histogram\n";
+        let names: BTreeSet<_> = names.into_iter().chain(series_names(histogram)).collect();
+        assert_eq!(
+            names.iter().map(String::as_str).collect::<Vec<_>>(),
+            [
+                "demo_leases_held",
+                "demo_seconds_bucket",
+                "demo_seconds_count",
+                "demo_seconds_sum",
+                "demo_turns_total"
+            ]
+        );
+        let used = names_used(r#"rate(x_a_total[5m]) / x_b{c="x_d"} + max_x_e"#, "x_");
+        assert_eq!(used.into_iter().collect::<Vec<_>>(), ["x_a_total", "x_b", "x_d"]);
     }
 
     #[test]

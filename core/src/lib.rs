@@ -5,6 +5,7 @@
 //! No transport and no Kubernetes client here: the sidecar and the operator depend on
 //! this crate, never the reverse.
 
+pub mod build;
 pub mod directive;
 pub mod exposition;
 pub mod headers;

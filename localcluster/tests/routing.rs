@@ -585,3 +585,71 @@ async fn turns_reach_the_agent_with_a_turn_id_and_the_thaw_sees_the_checkpoint_e
     assert_eq!(thaws(b), [json!("1"), json!("2")], "the checkpoint of epoch 1, then its own");
     assert_eq!(support::history(&db, key).await, ["first", "given id", "no id", "moved", "moved again"]);
 }
+
+/// The histograms move on the node that did the work: a turn entering at its owner is
+/// `local` there; one entering elsewhere is `forwarded` (with one hop) at the entry node
+/// and `local` at the owner. Store statements are timed by their label; every node
+/// reports its build, and its heartbeat age stays below the node lease TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_histograms_count_local_and_forwarded_turns_on_the_right_nodes() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 2, ..ClusterOptions::default() };
+    let ttl = options.lease_ttl.as_secs_f64();
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let client = cluster.client();
+    let owner = first_turn(&cluster, &client, "metered").await;
+    let other = cluster.nodes.iter().position(|n| n.name != owner.name).unwrap();
+    let entry = &cluster.nodes[other];
+    let turns = "leasehold_turn_duration_seconds_count";
+    let (local, forwarded) = (r#"path="local",outcome="answered""#, r#"path="forwarded",outcome="answered""#);
+    assert_eq!(owner.metric(turns, local).await, 1.0, "the first turn ran at its owner");
+    assert_eq!(entry.metric(turns, "").await, 0.0, "nothing reached the other node");
+
+    let answer =
+        client.post("/v1/sessions/metered/turns", r#"{"text":"b"}"#.into(), Some(other)).await.unwrap();
+    assert_eq!(
+        (answer.status, answer.owner.as_deref()),
+        (200, Some(owner.name.as_str())),
+        "{:?}",
+        answer.json()
+    );
+    assert_eq!(entry.metric(turns, forwarded).await, 1.0, "the entry node forwarded it");
+    assert_eq!(entry.metric(turns, "path=\"local\"").await, 0.0, "and ran nothing itself");
+    assert_eq!(entry.metric("leasehold_forward_hop_seconds_count", r#"result="answered""#).await, 1.0);
+    assert_eq!(owner.metric(turns, local).await, 2.0, "the owner ran it, arriving at its peer port");
+    assert_eq!(owner.metric(turns, "path=\"forwarded\"").await, 0.0);
+    assert_eq!(owner.metric("leasehold_forward_hop_seconds_count", "").await, 0.0);
+    let claims = r#"statement="claim",outcome="ok""#;
+    assert!(
+        owner.metric("leasehold_store_statement_seconds_count", claims).await >= 1.0,
+        "the claim was timed"
+    );
+
+    for node in &cluster.nodes {
+        assert_eq!(node.metric("leasehold_build_info", "version=").await, 1.0, "{}", node.name);
+        assert_eq!(node.metric("leasehold_node_lease_ttl_seconds", "").await, ttl, "{}", node.name);
+    }
+    // Over a few heartbeat intervals, each node's age since its last renewal stays below
+    // the TTL (with renewals every interval, below half of it).
+    for _ in 0..8 {
+        for node in &cluster.nodes {
+            let age = node.metric("leasehold_heartbeat_age_seconds", "").await;
+            assert!(age > 0.0 && age < ttl / 2.0, "{}: heartbeat age {age} s, TTL {ttl} s", node.name);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    // Those 2 s spanned several heartbeat intervals: the heartbeat's statements are timed
+    // too (on its own pool), the registration once.
+    for node in &cluster.nodes {
+        let statements = "leasehold_store_statement_seconds_count";
+        let renewals = node.metric(statements, r#"statement="renew node lease",outcome="ok""#).await;
+        assert!(renewals >= 1.0, "{}: {renewals} renewals timed", node.name);
+        assert_eq!(
+            node.metric(statements, r#"statement="register boot",outcome="ok""#).await,
+            1.0,
+            "{}",
+            node.name
+        );
+    }
+}

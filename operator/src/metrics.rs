@@ -4,11 +4,19 @@ use std::{net::SocketAddr, sync::Arc};
 
 use axum::{routing::get, Router};
 use leasehold_core::exposition;
+use std::time::Duration;
+
+use leasehold_core::store::{StatementObserver, StatementOutcome};
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
+
+/// Store statements are single-row or small indexed scans: sub-millisecond on a healthy
+/// database, up to the 5 s statement timeout when it is not (the sidecar's buckets).
+const STATEMENT_BUCKETS: [f64; 13] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
@@ -18,7 +26,14 @@ struct ErrorLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterLabel {
     namespace: String,
-    cluster: String,
+    /// Not `cluster`: that name is a common Prometheus external label, and would collide.
+    agentcluster: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatementLabels {
+    statement: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,11 +52,20 @@ pub struct Metrics {
     collected_sessions: Counter,
     collected_nodes: Counter,
     collected_turns: Counter,
+    statement_seconds: Family<StatementLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("leasehold_operator");
+        let mut root = Registry::default();
+        let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+        build_info.get_or_create(&leasehold_core::build::labels()).set(1);
+        let leasehold = root.sub_registry_with_prefix("leasehold");
+        leasehold.register(
+            "build_info",
+            "The running build: version, and commit when known; always 1",
+            build_info,
+        );
         let m = Metrics {
             registry: Registry::default(),
             reconciles: Counter::default(),
@@ -52,7 +76,14 @@ impl Default for Metrics {
             collected_sessions: Counter::default(),
             collected_nodes: Counter::default(),
             collected_turns: Counter::default(),
+            statement_seconds: Family::new_with_constructor(|| Histogram::new(STATEMENT_BUCKETS)),
         };
+        leasehold.register(
+            "store_statement_seconds",
+            "Lease store statements by statement (its context label) and outcome (ok, error, timeout)",
+            m.statement_seconds.clone(),
+        );
+        let registry = root.sub_registry_with_prefix("leasehold_operator");
         registry.register("reconciles", "AgentCluster reconciliations", m.reconciles.clone());
         registry.register("errors", "Reconcile and pod-handling errors by kind", m.errors.clone());
         registry.register("drains", "Pod drains driven through the admin port, by outcome", m.drains.clone());
@@ -77,7 +108,7 @@ impl Default for Metrics {
             "Finished turns deleted with their answers and events by retention (past turns.answerRetention)",
             m.collected_turns.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics { registry: root, ..m }
     }
 }
 
@@ -103,13 +134,24 @@ impl Metrics {
     }
     pub fn leases(&self, namespace: &str, cluster: &str, n: i64) {
         self.leases
-            .get_or_create(&ClusterLabel { namespace: namespace.to_owned(), cluster: cluster.to_owned() })
+            .get_or_create(&ClusterLabel {
+                namespace: namespace.to_owned(),
+                agentcluster: cluster.to_owned(),
+            })
             .set(n);
     }
     pub fn encode(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+impl StatementObserver for Metrics {
+    fn statement(&self, statement: &'static str, elapsed: Duration, outcome: StatementOutcome) {
+        self.statement_seconds
+            .get_or_create(&StatementLabels { statement, outcome: outcome.as_str() })
+            .observe(elapsed.as_secs_f64());
     }
 }
 

@@ -68,9 +68,9 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
             monitoring_namespaces: args.monitoring_namespace_labels.clone(),
             monitoring_pods: args.monitoring_pod_labels.clone(),
         },
+        stores: Stores::observed_by(metrics.clone()),
         metrics,
         retention: Default::default(),
-        stores: Stores::default(),
         recorder: Recorder::new(
             client.clone(),
             Reporter { controller: "leasehold-operator".into(), instance: Some(identity) },

@@ -8,7 +8,7 @@ use std::{
 };
 
 use futures_util::Stream;
-use leasehold_core::store::{self, LeaseStore};
+use leasehold_core::store::{self, LeaseStore, StatementObserver};
 use tokio::sync::Notify;
 
 /// Connections per database: the operator runs a few statements per reconcile.
@@ -22,16 +22,26 @@ pub struct Stores {
     /// Woken by every lease change (claim, takeover, release, a boot handed back or
     /// revoked) in any database of `pools`.
     changed: Arc<Notify>,
+    /// Told of every statement of every store (the operator's metrics).
+    observer: Option<Arc<dyn StatementObserver>>,
 }
 
 impl Stores {
+    /// Stores whose every statement is reported to `observer`.
+    pub fn observed_by(observer: Arc<dyn StatementObserver>) -> Self {
+        Self { observer: Some(observer), ..Self::default() }
+    }
+
     /// The store for `database_url`; the first call also starts following its changes.
     pub fn get(&self, database_url: &str) -> Result<LeaseStore, store::Error> {
         let mut pools = self.pools.lock().expect("stores lock");
         if let Some(store) = pools.get(database_url) {
             return Ok(store.clone());
         }
-        let store = LeaseStore::connect_lazy(database_url, POOL_SIZE)?;
+        let mut store = LeaseStore::connect_lazy(database_url, POOL_SIZE)?;
+        if let Some(observer) = &self.observer {
+            store = store.observed_by(observer.clone());
+        }
         tokio::spawn(follow_changes(store.clone(), self.changed.clone()));
         pools.insert(database_url.to_owned(), store.clone());
         Ok(store)

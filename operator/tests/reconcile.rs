@@ -726,17 +726,34 @@ fn operator_metrics_name_what_it_does() {
     metrics.revoked(3);
     metrics.leases("team-a", "chat", 7);
     metrics.collected_turns(5);
+    leasehold_core::store::StatementObserver::statement(
+        &metrics,
+        "count leases by node",
+        Duration::from_millis(3),
+        leasehold_core::store::StatementOutcome::Ok,
+    );
     let text = metrics.encode();
     for line in [
         "leasehold_operator_reconciles_total 1",
         "leasehold_operator_errors_total{error=\"kube\"} 1",
         "leasehold_operator_drains_total{outcome=\"ok\"} 1",
         "leasehold_operator_revocations_total 3",
-        "leasehold_operator_leases{namespace=\"team-a\",cluster=\"chat\"} 7",
+        "leasehold_operator_leases{namespace=\"team-a\",agentcluster=\"chat\"} 7",
         "leasehold_operator_collected_turns_total 5",
+        "leasehold_store_statement_seconds_count{statement=\"count leases by node\",outcome=\"ok\"} 1",
+        "leasehold_store_statement_seconds_bucket{le=\"0.0025\",statement=\"count leases by node\",outcome=\"ok\"} 0",
+        "leasehold_store_statement_seconds_bucket{le=\"0.005\",statement=\"count leases by node\",outcome=\"ok\"} 1",
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
+    assert!(
+        text.lines().any(|l| l.starts_with("leasehold_build_info{version=\"") && l.ends_with("} 1")),
+        "no leasehold_build_info in\n{text}"
+    );
+    assert!(
+        !text.contains("{cluster=\"") && !text.contains(",cluster=\""),
+        "a label named cluster collides with external labels:\n{text}"
+    );
 }
 
 /// Lease counts (status, `pod-deletion-cost`) are refreshed when leases change, not only

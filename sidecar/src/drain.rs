@@ -182,6 +182,7 @@ impl Drain {
         let still_running = if idle { 0 } else { self.inflight.count() };
         if still_running > 0 {
             tracing::warn!(still_running, "drain timeout: standing the rest down");
+            self.metrics.drain_timed_out();
             self.ownership.stand_down_everything(StandDownReason::Drain);
         }
         // No renewal may race the hand-back (it would register a new boot).

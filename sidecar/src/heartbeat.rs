@@ -55,6 +55,9 @@ pub struct NodeState {
     pub live_until: Option<Instant>,
     /// Whether the last beat reached the lease store.
     pub store_reachable: bool,
+    /// When the last successful renewal (or registration) was sent; kept across a loss,
+    /// so its age keeps growing until the next success (the heartbeat-age metric).
+    pub renewed: Option<Instant>,
 }
 
 impl NodeState {
@@ -136,7 +139,8 @@ impl Heartbeat {
         let revoked = self.store.register_boot(&owner, &self.peer_addr, self.ttl).await?;
         tracing::info!(%owner, revoked_earlier_boots = revoked, "registered node lease");
         let live_until = Some(certainly_live_until(sent, self.ttl));
-        let (state_tx, state) = watch::channel(NodeState { owner, live_until, store_reachable: true });
+        let (state_tx, state) =
+            watch::channel(NodeState { owner, live_until, store_reachable: true, renewed: Some(sent) });
         let (lost_tx, lost) = mpsc::channel(LOST_CHANNEL_CAPACITY);
         let cancel = CancellationToken::new();
         let (finished_tx, finished) = watch::channel(false);
@@ -172,7 +176,9 @@ impl Heartbeat {
                     }
                     registered = true;
                     let live_until = Some(certainly_live_until(sent, self.ttl));
-                    state.send_modify(|s| *s = NodeState { owner: live, live_until, store_reachable: true });
+                    state.send_modify(|s| {
+                        *s = NodeState { owner: live, live_until, store_reachable: true, renewed: Some(sent) }
+                    });
                 }
                 Ok(Ok(None)) => {
                     tracing::warn!(%owner, "node lease expired or was revoked: every session of this boot is lost");
@@ -236,11 +242,14 @@ mod tests {
             owner: owner.clone(),
             live_until: Some(now + Duration::from_secs(1)),
             store_reachable: true,
+            renewed: Some(now),
         };
         assert!(state.certainly_live(now) && state.ready(now));
         assert!(!state.certainly_live(now + Duration::from_secs(1)));
         state.store_reachable = false;
         assert!(state.certainly_live(now) && !state.ready(now), "live but the store is unreachable");
-        assert!(!NodeState { owner, live_until: None, store_reachable: true }.certainly_live(now));
+        assert!(
+            !NodeState { owner, live_until: None, store_reachable: true, renewed: None }.certainly_live(now)
+        );
     }
 }

@@ -200,9 +200,10 @@ fn assemble(
     config: &Config,
     store: LeaseStore,
     heartbeat: &HeartbeatHandle,
+    metrics: Arc<Metrics>,
 ) -> (Parts, mpsc::UnboundedReceiver<SessionKey>) {
     let args = &config.args;
-    let metrics = Arc::new(Metrics::new());
+    metrics.watch_heartbeat(heartbeat.state.clone(), args.lease_ttl);
     let (stood_down_tx, stood_down) = mpsc::unbounded_channel();
     let ownership = Arc::new(Ownership::new(store, heartbeat.state.clone(), stood_down_tx, metrics.clone()));
     let inflight = InFlight::new(metrics.clone());
@@ -381,14 +382,17 @@ async fn watch_ownership(ownership: Arc<Ownership>, hubs: Arc<Hubs>, drain: Arc<
 /// done through the admin port returns at once) and exits.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listeners = bind(&config).await?;
+    // Made first: the store reports every statement's latency to it from the start.
+    let metrics = Arc::new(Metrics::new());
     let store = LeaseStore::connect_lazy_bounding_idle_transactions(
         &config.database_url,
         DEFAULT_POOL_SIZE,
         config.args.lease_ttl,
     )
-    .context("--database-url")?;
+    .context("--database-url")?
+    .observed_by(metrics.clone());
     let mut heartbeat = start_heartbeat(&config, &store).await;
-    let (parts, stood_down) = assemble(&config, store, &heartbeat);
+    let (parts, stood_down) = assemble(&config, store, &heartbeat, metrics);
     let parts = Arc::new(parts);
     let agent = AgentClient::new(&config.args.agent_url);
     tokio::spawn(notify_stand_downs(agent, parts.hubs.clone(), stood_down));

@@ -2,7 +2,7 @@
 
 use sqlx::{PgExecutor, Row};
 
-use super::{bounded, db, Epoch, Error, LeaseStore, Owner, Result};
+use super::{bounded, db, observe::Observer, Epoch, Error, LeaseStore, Owner, Result};
 use crate::key::SessionKey;
 
 /// The fence (CONTRACT §7). The write lands only if, in this same statement:
@@ -48,12 +48,15 @@ FOR SHARE
 #[derive(Debug)]
 pub struct FenceHold {
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    observer: Observer,
 }
 
 impl FenceHold {
     /// Release the hold.
     pub async fn release(self) -> Result<()> {
-        bounded("release fence", async { self.tx.commit().await.map_err(db("release fence")) }).await
+        let observer = self.observer;
+        bounded(&observer, "release fence", async { self.tx.commit().await.map_err(db("release fence")) })
+            .await
     }
 }
 
@@ -128,13 +131,18 @@ impl LeaseStore {
         turn_id: Option<&str>,
         data: &[u8],
     ) -> Result<()> {
-        bounded("put checkpoint", put_turn_checkpoint(&self.pool, key, owner, epoch, turn_id, data)).await
+        bounded(
+            &self.observer,
+            "put checkpoint",
+            put_turn_checkpoint(&self.pool, key, owner, epoch, turn_id, data),
+        )
+        .await
     }
 
     /// Check the fence without writing (event publishes); `Err(Fenced)` when stale.
     pub async fn check_fence(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<()> {
         let query = sqlx::query(CHECK_FENCE_SQL).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0);
-        let row = bounded("check fence", async {
+        let row = bounded(&self.observer, "check fence", async {
             query.fetch_optional(&self.pool).await.map_err(db("check fence"))
         })
         .await?;
@@ -144,11 +152,11 @@ impl LeaseStore {
     /// Hold the fence: `Err(Fenced)` when this owner/epoch no longer holds the session,
     /// else a [`FenceHold`] under which no other owner can take the session over.
     pub async fn hold_fence(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<FenceHold> {
-        bounded("hold fence", async {
+        bounded(&self.observer, "hold fence", async {
             let mut tx = self.pool.begin().await.map_err(db("hold fence"))?;
             let query = sqlx::query(HOLD_FENCE_SQL).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0);
             match query.fetch_optional(&mut *tx).await.map_err(db("hold fence"))? {
-                Some(_) => Ok(FenceHold { tx }),
+                Some(_) => Ok(FenceHold { tx, observer: self.observer.clone() }),
                 None => Err(Error::Fenced { key: key.clone(), epoch }),
             }
         })
@@ -157,7 +165,7 @@ impl LeaseStore {
 
     pub async fn get_checkpoint(&self, key: &SessionKey) -> Result<Option<Checkpoint>> {
         let query = sqlx::query(GET_CHECKPOINT_SQL).bind(key.as_str());
-        let row = bounded("get checkpoint", async {
+        let row = bounded(&self.observer, "get checkpoint", async {
             query.fetch_optional(&self.pool).await.map_err(db("get checkpoint"))
         })
         .await?;

@@ -344,9 +344,10 @@ impl LeaseStore {
             .bind(turn.digest())
             .bind(turn.body)
             .bind(turn.content_type);
-        let row =
-            bounded("begin turn", async { query.fetch_one(&self.pool).await.map_err(db("begin turn")) })
-                .await?;
+        let row = bounded(&self.observer, "begin turn", async {
+            query.fetch_one(&self.pool).await.map_err(db("begin turn"))
+        })
+        .await?;
         if !row.get::<bool, _>("held") {
             return Err(Error::Fenced { key: key.clone(), epoch });
         }
@@ -377,7 +378,7 @@ impl LeaseStore {
     ) -> Result<Option<TurnRecord>> {
         let sql = resume_sql();
         let query = sqlx::query(&sql).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0).bind(turn_id);
-        let row = bounded("resume turn", async {
+        let row = bounded(&self.observer, "resume turn", async {
             query.fetch_optional(&self.pool).await.map_err(db("resume turn"))
         })
         .await?;
@@ -404,9 +405,10 @@ impl LeaseStore {
             .bind(i32::from(answer.status))
             .bind(answer.content_type.as_deref())
             .bind(answer.body.as_slice());
-        let done =
-            bounded("finish turn", async { query.execute(&self.pool).await.map_err(db("finish turn")) })
-                .await?;
+        let done = bounded(&self.observer, "finish turn", async {
+            query.execute(&self.pool).await.map_err(db("finish turn"))
+        })
+        .await?;
         match done.rows_affected() {
             1 => Ok(()),
             _ => Err(Error::Fenced { key: key.clone(), epoch }),
@@ -423,25 +425,27 @@ impl LeaseStore {
     ) -> Result<bool> {
         let sql = cancel_sql();
         let query = sqlx::query(&sql).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0).bind(turn_id);
-        let done =
-            bounded("cancel turn", async { query.execute(&self.pool).await.map_err(db("cancel turn")) })
-                .await?;
+        let done = bounded(&self.observer, "cancel turn", async {
+            query.execute(&self.pool).await.map_err(db("cancel turn"))
+        })
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// One turn as journaled.
     pub async fn get_turn(&self, key: &SessionKey, turn_id: &str) -> Result<Option<TurnRecord>> {
         let query = sqlx::query(GET_TURN_SQL).bind(key.as_str()).bind(turn_id);
-        let row =
-            bounded("get turn", async { query.fetch_optional(&self.pool).await.map_err(db("get turn")) })
-                .await?;
+        let row = bounded(&self.observer, "get turn", async {
+            query.fetch_optional(&self.pool).await.map_err(db("get turn"))
+        })
+        .await?;
         Ok(row.as_ref().map(TurnRecord::from_row))
     }
 
     /// A session's unfinished turns, oldest first (normally at most one).
     pub async fn unfinished_turns(&self, key: &SessionKey) -> Result<Vec<TurnRecord>> {
         let query = sqlx::query(UNFINISHED_SQL).bind(key.as_str());
-        let rows = bounded("unfinished turns", async {
+        let rows = bounded(&self.observer, "unfinished turns", async {
             query.fetch_all(&self.pool).await.map_err(db("unfinished turns"))
         })
         .await?;
@@ -469,7 +473,7 @@ impl LeaseStore {
             .bind(turns)
             .bind(kinds)
             .bind(data);
-        let rows = bounded("append events", async {
+        let rows = bounded(&self.observer, "append events", async {
             query.fetch_all(&self.pool).await.map_err(db("append events"))
         })
         .await?;
@@ -502,9 +506,10 @@ impl LeaseStore {
             .bind(after.epoch.0)
             .bind(seq_i64(after))
             .bind(limit);
-        let rows =
-            bounded("events after", async { query.fetch_all(&self.pool).await.map_err(db("events after")) })
-                .await?;
+        let rows = bounded(&self.observer, "events after", async {
+            query.fetch_all(&self.pool).await.map_err(db("events after"))
+        })
+        .await?;
         Ok(rows.iter().map(JournalEvent::from_row).collect())
     }
 
@@ -517,16 +522,17 @@ impl LeaseStore {
         epoch: Epoch,
     ) -> Result<Vec<JournalEvent>> {
         let query = sqlx::query(TURN_EVENTS_SQL).bind(key.as_str()).bind(turn_id).bind(epoch.0);
-        let rows =
-            bounded("turn events", async { query.fetch_all(&self.pool).await.map_err(db("turn events")) })
-                .await?;
+        let rows = bounded(&self.observer, "turn events", async {
+            query.fetch_all(&self.pool).await.map_err(db("turn events"))
+        })
+        .await?;
         Ok(rows.iter().map(JournalEvent::from_row).collect())
     }
 
     /// Sessions with an unfinished turn and no live owner, at most `limit`.
     pub async fn orphaned_turns(&self, limit: i64) -> Result<Vec<SessionKey>> {
         let query = sqlx::query(ORPHANS_SQL).bind(limit);
-        let rows = bounded("orphaned turns", async {
+        let rows = bounded(&self.observer, "orphaned turns", async {
             query.fetch_all(&self.pool).await.map_err(db("orphaned turns"))
         })
         .await?;
@@ -537,7 +543,7 @@ impl LeaseStore {
     /// than `retention` ago, with their events. Call again while it collects a full batch.
     pub async fn collect_turns(&self, retention: Duration, batch: i64) -> Result<u64> {
         let query = sqlx::query(COLLECT_TURNS_SQL).bind(ttl_ms(retention)).bind(batch);
-        let row = bounded("collect turns", async {
+        let row = bounded(&self.observer, "collect turns", async {
             query.fetch_one(&self.pool).await.map_err(db("collect turns"))
         })
         .await?;

@@ -197,7 +197,7 @@ impl LeaseStore {
     /// Claim `key` for `owner` (CONTRACT §7). Errors with `NodeNotLive` when the caller's
     /// own node lease is gone: it must register a new boot before claiming again.
     pub async fn claim(&self, key: &SessionKey, owner: &Owner) -> Result<Claim> {
-        bounded("claim", async {
+        bounded(&self.observer, "claim", async {
             for _ in 0..CLAIM_ATTEMPTS {
                 if let Some(claim) = claim_once(&self.pool, key, owner).await? {
                     return Ok(claim);
@@ -212,16 +212,20 @@ impl LeaseStore {
     /// no longer ours at that epoch (nothing changed).
     pub async fn release(&self, key: &SessionKey, owner: &Owner, epoch: Epoch) -> Result<bool> {
         let query = sqlx::query(RELEASE_SQL).bind(key.as_str()).bind(owner.as_str()).bind(epoch.0);
-        let done =
-            bounded("release", async { query.execute(&self.pool).await.map_err(db("release")) }).await?;
+        let done = bounded(&self.observer, "release", async {
+            query.execute(&self.pool).await.map_err(db("release"))
+        })
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// Read a session's lease; never claims.
     pub async fn lookup(&self, key: &SessionKey) -> Result<LeaseInfo> {
         let query = sqlx::query(LOOKUP_SQL).bind(key.as_str());
-        let row =
-            bounded("lookup", async { query.fetch_optional(&self.pool).await.map_err(db("lookup")) }).await?;
+        let row = bounded(&self.observer, "lookup", async {
+            query.fetch_optional(&self.pool).await.map_err(db("lookup"))
+        })
+        .await?;
         let Some(row) = row else {
             return Ok(LeaseInfo { holder: None, epoch: None });
         };
@@ -246,19 +250,24 @@ impl LeaseStore {
         &self,
         node_ids: &[String],
     ) -> Result<std::collections::HashMap<String, i64>> {
-        let rows = sqlx::query(LIVE_BY_NODE_SQL)
-            .bind(node_ids)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("count leases by node"))?;
+        let query = sqlx::query(LIVE_BY_NODE_SQL).bind(node_ids);
+        let rows = self
+            .observer
+            .time("count leases by node", async {
+                query.fetch_all(&self.pool).await.map_err(db("count leases by node"))
+            })
+            .await?;
         Ok(rows.into_iter().map(|row| (row.get("node_id"), row.get("leases"))).collect())
     }
 
     /// Every session attached to `owner` that it has not released. They are live
     /// exactly as long as the owner's node lease is.
     pub async fn held(&self, owner: &Owner) -> Result<Vec<(SessionKey, Epoch)>> {
-        let rows =
-            sqlx::query(HELD_SQL).bind(owner.as_str()).fetch_all(&self.pool).await.map_err(db("held"))?;
+        let query = sqlx::query(HELD_SQL).bind(owner.as_str());
+        let rows = self
+            .observer
+            .time("held", async { query.fetch_all(&self.pool).await.map_err(db("held")) })
+            .await?;
         rows.into_iter()
             .map(|row| {
                 let key: String = row.get("agent_key");

@@ -9,6 +9,7 @@ pub mod journal;
 pub mod leases;
 pub mod nodes;
 pub mod notify;
+pub mod observe;
 mod refusal;
 pub mod retention;
 
@@ -19,11 +20,13 @@ use sqlx::{
     PgPool,
 };
 
+use self::observe::Observer;
 pub use self::{
     checkpoints::{Checkpoint, FenceHold},
     journal::{Answer, Append, Begun, JournalEvent, NewTurn, TurnKind, TurnRecord, TurnState},
     leases::{Claim, Holder, LeaseInfo},
     nodes::NodeLease,
+    observe::{StatementObserver, StatementOutcome},
 };
 use crate::{Epoch, Owner, SessionKey};
 
@@ -85,12 +88,20 @@ impl Error {
     }
 }
 
-/// Run one store operation within [`STATEMENT_TIMEOUT`].
+/// Run one store operation within [`STATEMENT_TIMEOUT`], reporting its latency under
+/// `context` to the store's observer (if any).
 pub(crate) async fn bounded<T>(
+    observer: &Observer,
     context: &'static str,
     operation: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
-    tokio::time::timeout(STATEMENT_TIMEOUT, operation).await.map_err(|_| Error::Timeout { context })?
+    observer
+        .time(context, async {
+            tokio::time::timeout(STATEMENT_TIMEOUT, operation)
+                .await
+                .map_err(|_| Error::Timeout { context })?
+        })
+        .await
 }
 
 /// Attach a short description of the statement to a sqlx error.
@@ -112,6 +123,7 @@ pub(crate) fn remaining(ms: i64) -> Duration {
 #[derive(Debug, Clone)]
 pub struct LeaseStore {
     pool: PgPool,
+    observer: Observer,
 }
 
 impl LeaseStore {
@@ -145,7 +157,15 @@ impl LeaseStore {
             .max_connections(max_connections)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(options);
-        Self { pool }
+        Self { pool, observer: Observer::default() }
+    }
+
+    /// The same store, reporting each statement's latency (by its context label, e.g.
+    /// `claim`, `put checkpoint`) and outcome to `observer`: the binaries plug their
+    /// metrics registry in here. Stores made from this one ([`LeaseStore::dedicated`])
+    /// report to it too.
+    pub fn observed_by(self, observer: std::sync::Arc<dyn StatementObserver>) -> Self {
+        Self { observer: Observer::new(observer), ..self }
     }
 
     /// A store on the same database with `max_connections` connections of its own, for
@@ -157,7 +177,7 @@ impl LeaseStore {
             .max_connections(max_connections)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(options);
-        Self { pool }
+        Self { pool, observer: self.observer.clone() }
     }
 
     /// Connect now, failing fast when the database is unreachable (`migrate`).
@@ -168,11 +188,11 @@ impl LeaseStore {
             .connect(database_url)
             .await
             .map_err(db("connect"))?;
-        Ok(Self { pool })
+        Ok(Self { pool, observer: Observer::default() })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self { pool, observer: Observer::default() }
     }
 
     pub fn pool(&self) -> &PgPool {

@@ -87,19 +87,21 @@ impl LeaseStore {
     /// Register `owner` as a new live boot for `ttl`, revoking earlier boots of its node
     /// id in the same statement. Returns how many earlier boots were revoked.
     pub async fn register_boot(&self, owner: &Owner, peer_addr: &str, ttl: Duration) -> Result<u64> {
-        register(&self.pool, owner, peer_addr, ttl).await
+        self.observer.time("register boot", register(&self.pool, owner, peer_addr, ttl)).await
     }
 
     /// Renew this boot's node lease, and with it every session it holds, in one
     /// single-row statement. `None`: the node lease had expired or was revoked; every
     /// session of this boot is lost and the process must register a new boot.
     pub async fn renew_all(&self, owner: &Owner, ttl: Duration) -> Result<Option<NodeLease>> {
-        let row = sqlx::query(RENEW_SQL)
-            .bind(owner.as_str())
-            .bind(ttl_ms(ttl))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db("renew node lease"))?;
+        // Not bounded here: the heartbeat bounds each beat by its interval.
+        let query = sqlx::query(RENEW_SQL).bind(owner.as_str()).bind(ttl_ms(ttl));
+        let row = self
+            .observer
+            .time("renew node lease", async {
+                query.fetch_optional(&self.pool).await.map_err(db("renew node lease"))
+            })
+            .await?;
         Ok(row.map(|row| NodeLease { owner: owner.clone(), remaining: remaining(row.get("remaining_ms")) }))
     }
 
@@ -117,7 +119,10 @@ impl LeaseStore {
 
     async fn expire(&self, sql: &'static str, who: &str, context: &'static str) -> Result<u64> {
         let query = sqlx::query(sql).bind(who);
-        let row = bounded(context, async { query.fetch_one(&self.pool).await.map_err(db(context)) }).await?;
+        let row = bounded(&self.observer, context, async {
+            query.fetch_one(&self.pool).await.map_err(db(context))
+        })
+        .await?;
         Ok(row.get::<i64, _>("sessions").unsigned_abs())
     }
 }

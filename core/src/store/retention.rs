@@ -66,14 +66,15 @@ impl LeaseStore {
     /// rows of boots dead for `nodes`. Call again while it collects a full batch.
     pub async fn collect(&self, sessions: Duration, nodes: Duration, batch: i64) -> Result<Collected> {
         let query = sqlx::query(SESSIONS_SQL).bind(ttl_ms(sessions)).bind(batch);
-        let gone = bounded("collect sessions", async {
+        let gone = bounded(&self.observer, "collect sessions", async {
             query.fetch_one(&self.pool).await.map_err(db("collect sessions"))
         })
         .await?;
         let query = sqlx::query(NODES_SQL).bind(ttl_ms(nodes)).bind(batch);
-        let dead =
-            bounded("collect nodes", async { query.execute(&self.pool).await.map_err(db("collect nodes")) })
-                .await?;
+        let dead = bounded(&self.observer, "collect nodes", async {
+            query.execute(&self.pool).await.map_err(db("collect nodes"))
+        })
+        .await?;
         Ok(Collected { sessions: gone.get::<i64, _>("sessions").unsigned_abs(), nodes: dead.rows_affected() })
     }
 }

@@ -457,6 +457,7 @@ mod tests {
             owner: owner.clone(),
             live_until: Some(Instant::now() + Duration::from_secs(1)),
             store_reachable: true,
+            renewed: Some(Instant::now()),
         };
         let (node_tx, node) = watch::channel(state);
         let (stood_down, _) = mpsc::unbounded_channel();

@@ -13,7 +13,7 @@ use super::{
     directive::Refusal,
     inflight::{InFlight, InFlightGuard},
     outcome::Outcome,
-    run::{Cancelled, Ran, Runner},
+    run::{Cancelled, Early, Ran, Runner},
     Door, Turn,
 };
 use crate::{
@@ -55,6 +55,33 @@ impl Reply {
             | Reply::Refused(Refusal::Fenced { .. }) => true,
             Reply::PeerRefused(body) => body.error == Refusal::Fenced { ttl: Duration::ZERO }.code(),
             _ => false,
+        }
+    }
+
+    /// For the turn-duration histogram: where the turn went (`local`, `forwarded`, or
+    /// `none`: refused before either) and the class of its outcome (`answered`, `refused`:
+    /// a directive or a client error, nothing ran; `failed`: it may have run, never
+    /// retried; `interrupted`: halted or cancelled).
+    fn classes(&self) -> (&'static str, &'static str) {
+        match self {
+            Reply::Local { ran, .. } => (
+                "local",
+                match ran {
+                    Ran::Settled(Outcome::Answered { .. }) => "answered",
+                    Ran::Settled(Outcome::Refused(_)) | Ran::Early(Early::KeyReused | Early::Busy { .. }) => {
+                        "refused"
+                    }
+                    Ran::Settled(Outcome::OwnerFailed) => "failed",
+                    Ran::Settled(Outcome::Interrupted) | Ran::Early(Early::Cancelled) => "interrupted",
+                },
+            ),
+            Reply::Forwarded(response) if response.headers().contains_key(headers::REFUSAL) => {
+                ("forwarded", "refused")
+            }
+            Reply::Forwarded(_) => ("forwarded", "answered"),
+            Reply::PeerRefused(_) => ("forwarded", "refused"),
+            Reply::OwnerFailed | Reply::PeerRejected => ("forwarded", "failed"),
+            Reply::Refused(_) => ("none", "refused"),
         }
     }
 
@@ -111,7 +138,15 @@ impl TurnRouter {
     /// it there once, under its id (as a repeat of that id, which attaches to or replays
     /// the resumed attempt), instead of handing the client a directive whose re-send,
     /// without a key, would be a second turn.
-    pub async fn route(&self, mut turn: Turn, door: Door) -> Reply {
+    pub async fn route(&self, turn: Turn, door: Door) -> Reply {
+        let started = tokio::time::Instant::now();
+        let reply = self.route_following(turn, door).await;
+        let (path, class) = reply.classes();
+        self.metrics.turn_took(path, class, started.elapsed());
+        reply
+    }
+
+    async fn route_following(&self, mut turn: Turn, door: Door) -> Reply {
         let reply = self.route_once(turn.clone(), door, false).await;
         if door != Door::Public || !reply.is_fenced() {
             return reply;
@@ -182,9 +217,11 @@ impl TurnRouter {
     /// One hop to `holder`: its answer, or why we should re-resolve.
     async fn hop(&self, turn: &Turn, holder: &Holder) -> Hop {
         let path = turn.peer_path();
+        let started = tokio::time::Instant::now();
         let forwarded = tokio::select! {
             forwarded = self.forwarder.forward(holder, &path, turn.headers(), turn.body.clone()) => forwarded,
             () = self.owner_gone(&turn.key, holder) => {
+                self.metrics.hop_took("owner_gone", started.elapsed());
                 // It may have run (and may still finish; the fence stops its writes once
                 // another node takes over): `owner_failed`, and forget that holder.
                 tracing::warn!(key = %turn.key, owner = %holder.owner, "owner's lease lapsed while a forwarded turn waited");
@@ -193,6 +230,14 @@ impl TurnRouter {
                 return Hop::Answered(Reply::OwnerFailed);
             }
         };
+        self.metrics.hop_took(
+            match &forwarded {
+                Ok(_) => "answered",
+                Err(ForwardError::Failed { .. }) => "failed",
+                Err(ForwardError::NotConnected { .. }) => "not_connected",
+            },
+            started.elapsed(),
+        );
         let response = match forwarded {
             Ok(response) => response,
             Err(ForwardError::Failed { addr, source }) => {
