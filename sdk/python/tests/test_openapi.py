@@ -58,6 +58,8 @@ SIDECAR_ARGS = [
     str(MAX_ANSWER_BYTES),
     "--max-streams-per-session",
     "1",
+    "--max-turn-attempts",
+    "2",
 ]
 
 
@@ -74,7 +76,7 @@ class RecordingAgent:
     """An ASGI agent: records each request from its sidecar and obeys the turn's body,
     a JSON object with optional `sleep` (seconds), `publish` and `checkpoint` (through the
     agent API), `answer_bytes` (a text answer that long), `break_once` (the first attempt's
-    answer breaks off), `status` (the answer's status)."""
+    answer breaks off), `break_always` (every attempt's does), `status` (the answer's status)."""
 
     agent_api: str
     name: str
@@ -123,7 +125,7 @@ class RecordingAgent:
             if command.get("checkpoint"):
                 await api.put(f"/v1/sessions/{key}/checkpoint", content=b"state", headers=write)
         await asyncio.sleep(float(command.get("sleep", 0)))
-        if command.get("break_once") and turn not in self.broken:
+        if command.get("break_always") or (command.get("break_once") and turn not in self.broken):
             self.broken.add(turn)
             await send(
                 {
@@ -375,6 +377,18 @@ def test_every_documented_route_and_status_against_running_sidecars(
         "POST", "/v1/sessions/broken/turns", 502, json={"break_once": 1}, headers=key_header("b1")
     )
     assert _error(broke) == "owner_failed"
+    # A turn whose every attempt breaks: after --max-turn-attempts (2) it is recorded as
+    # failed, and a repeat of its key gets that answer.
+    poison = {"break_always": 1}
+    A("POST", "/v1/sessions/poison/turns", 502, json=poison, headers=key_header("p1"))
+    harness.wait_until(
+        lambda: B("GET", "/v1/sessions/poison/turns/p1", 200).json()["state"] == "finished",
+        SETTLE_S,
+        "the poison turn to be recorded as failed",
+    )
+    exhausted = C("POST", "/v1/sessions/poison/turns", 502, json=poison, headers=key_header("p1"))
+    assert _error(exhausted) == "attempts_exhausted"
+    assert exhausted.headers.get("leasehold-replayed") == "true"
 
     # ---- events: the same doors --------------------------------------------------------
     A("POST", "/v1/sessions/main/events", 200, json={}, headers=key_header("e1"))
