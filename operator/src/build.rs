@@ -191,6 +191,9 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
     if let Some(bytes) = spec.turns.max_answer_bytes {
         env_vars.push(env("LEASEHOLD_MAX_ANSWER_BYTES", bytes.to_string()));
     }
+    if let Some(names) = &s.forward_headers {
+        env_vars.push(env("LEASEHOLD_FORWARD_HEADERS", names));
+    }
     Container {
         name: SIDECAR_CONTAINER.to_owned(),
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),

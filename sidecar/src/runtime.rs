@@ -222,7 +222,7 @@ fn assemble(
             args.cluster_secret_previous.as_deref().filter(|s| !s.trim().is_empty()),
         ),
     });
-    let forwarder = Arc::new(Forwarder::new(auth.clone()));
+    let forwarder = Arc::new(Forwarder::new(auth.clone(), args.forward_headers.names()));
     let follow = Arc::new(Follow {
         hubs: hubs.clone(),
         ownership: ownership.clone(),
@@ -281,7 +281,8 @@ fn assemble(
 /// Serve the four listeners, each calling the parts it needs, until `shutdown`.
 async fn serve_listeners(parts: &Parts, args: &RunArgs, listeners: Listeners, shutdown: CancellationToken) {
     let (max_body, cap) = (args.max_body_bytes, args.max_connections as usize);
-    let turns = http::Turns { router: parts.router.clone(), max_body };
+    let turns =
+        http::Turns { router: parts.router.clone(), max_body, forward_headers: args.forward_headers.clone() };
     let public = http::public::Public {
         turns: turns.clone(),
         observe: parts.observe.clone(),

@@ -32,3 +32,30 @@ fn the_drain_command_needs_the_cluster_secret() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--cluster-secret"), "{err}");
 }
+
+/// A `--forward-headers` (or `LEASEHOLD_FORWARD_HEADERS`) that names a hop-by-hop header
+/// or one of the sidecar's own fails at start, in one line naming the flag and why.
+#[test]
+fn a_forward_headers_list_naming_a_header_that_cannot_be_forwarded_fails_at_start() {
+    let base = ["--database-url", "postgres://127.0.0.1:1/none", "--insecure-peer"];
+    for (flag, env, why) in [
+        (Some("Authorization,Connection"), None, "hop-by-hop"),
+        (None, Some("Accept,Leasehold-Epoch"), "the sidecar's own"),
+        (Some("Transfer-Encoding"), None, "hop-by-hop"),
+        (Some("bad header"), None, "not a header name"),
+    ] {
+        let mut command = Command::new(BIN);
+        command.args(base).env_remove("LEASEHOLD_FORWARD_HEADERS");
+        if let Some(flag) = flag {
+            command.args(["--forward-headers", flag]);
+        }
+        if let Some(env) = env {
+            command.env("LEASEHOLD_FORWARD_HEADERS", env);
+        }
+        let out = command.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag:?} {env:?} started: {err}");
+        assert!(err.contains("--forward-headers") && err.contains(why), "{flag:?} {env:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+}

@@ -16,6 +16,7 @@ use serde_json::{json, value::RawValue};
 
 use super::{read_body, reply, session_key, BadRequest};
 use crate::turn::{
+    client_headers::ForwardHeaders,
     directive::Refusal,
     queue::Multitask,
     router::{CancelReply, TurnRouter},
@@ -29,6 +30,8 @@ pub struct Turns {
     pub router: Arc<TurnRouter>,
     /// Largest accepted body (`413` above).
     pub max_body: usize,
+    /// The client headers a turn carries to the agent.
+    pub forward_headers: ForwardHeaders,
 }
 
 /// The route for a turn (or event) entering at `door`.
@@ -92,7 +95,11 @@ impl Turns {
         let multitask = multitask(&parts.headers)?;
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
         let id_header = HeaderValue::try_from(id.as_str()).expect("a turn id is visible ASCII");
-        let turn = Turn { kind, key, id, keyed, multitask, content_type, body };
+        let client_headers = match door {
+            Door::Public => self.forward_headers.from_client(&parts.headers),
+            Door::Peer => self.forward_headers.from_peer(&parts.headers),
+        };
+        let turn = Turn { kind, key, id, keyed, multitask, content_type, client_headers, body };
         let mut response = reply::reply(self.router.route(turn, door).await);
         // Every answer names its turn: a client without a key can read its fate
         // (`GET …/turns/{id}`) or re-send it as a repeat of that id.

@@ -109,6 +109,9 @@ impl Dispatch {
             keyed: true,
             multitask: None,
             content_type: record.content_type.as_deref().and_then(|ct| HeaderValue::from_str(ct).ok()),
+            // The client's headers are not journaled: a resumed turn reaches the agent
+            // without them (documented in docs/http-api.md).
+            client_headers: Vec::new(),
             body: Bytes::from(record.request.clone()),
         };
         Dispatch { turn, resume: true, attempt: record.attempts }
