@@ -154,6 +154,12 @@ pub struct SidecarSpec {
     /// none. A hop-by-hop or `Leasehold-*` header makes the sidecar refuse to start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forward_headers: Option<String>,
+
+    /// Sidecar log lines (`LEASEHOLD_LOG_FORMAT`): `text` or `json` (one object per
+    /// line). Unset: the sidecar's default, `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(text|json)$"))]
+    pub log_format: Option<String>,
 }
 
 fn default_lease_ttl() -> String {
@@ -179,6 +185,7 @@ impl Default for SidecarSpec {
             drain_timeout: default_drain_timeout(),
             log_level: default_log_level(),
             forward_headers: None,
+            log_format: None,
         }
     }
 }

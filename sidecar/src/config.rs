@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::turn::{
     client_headers::{ForwardHeaders, DEFAULT_FORWARD_HEADERS},
@@ -29,8 +29,22 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// How log lines on stderr are written: `text` (for people) or `json` (one object
+    /// per line, for log collectors).
+    #[arg(long, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// The shape of the log lines on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (coloured on a terminal).
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields`, `target`, `span`.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         // Bad configuration: one clear line naming the flag.
         Err(e) => return runtime::fail(&runtime::one_line(&e.render().to_string())),
     };
-    runtime::init_tracing();
+    runtime::init_tracing(cli.log_format);
     let result = match cli.command {
         Some(Command::Migrate(args)) => runtime::block_on(1, runtime::migrate(&args.database_url)),
         Some(Command::Drain(args)) => runtime::block_on(1, runtime::drain(&args)),

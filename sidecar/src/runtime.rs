@@ -18,7 +18,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_sidecar::{
-    config::{Config, DrainArgs, RunArgs},
+    config::{Config, DrainArgs, LogFormat, RunArgs},
     drain::{self, Drain},
     fence::Fence,
     forward::Forwarder,
@@ -31,14 +31,18 @@ use leasehold_sidecar::{
     turn::{agent::AgentClient, inflight::InFlight, queue::TurnQueue, router::TurnRouter, run::Runner},
 };
 
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+/// Log lines on stderr in `format`, filtered by `LEASEHOLD_LOG` (default `info`).
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::{fmt, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer};
+    let filter = EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let lines = match format {
+        LogFormat::Text => fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => fmt::layer().json().with_writer(std::io::stderr).boxed(),
+    };
+    tracing_subscriber::registry().with(lines).with(filter).init();
 }
 
 pub fn fail(line: &str) -> ExitCode {
