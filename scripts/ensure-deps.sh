@@ -30,3 +30,7 @@ if [ "$(id -u)" = 0 ]; then
       || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
   fi
 fi
+
+# Jaeger all-in-one, the real OpenTelemetry collector of the tracing test
+# (localcluster/tests/tracing.rs); built once from its Go module, then cached.
+"$here/ensure-jaeger.sh" >/dev/null

@@ -113,7 +113,9 @@ impl Forwarder {
         headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
         body: Bytes,
     ) -> Result<upstream::Response, ForwardError> {
-        let headers: HeaderMap = headers.into_iter().collect();
+        let mut headers: HeaderMap = headers.into_iter().collect();
+        // The forward span's context replaces the client's, before the proof covers it.
+        crate::telemetry::propagate(&mut headers);
         let signed = Signed {
             method: "POST",
             path,

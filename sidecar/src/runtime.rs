@@ -28,11 +28,13 @@ use leasehold_sidecar::{
     observe::{Follow, Hubs, Observe, StreamLimits},
     ownership::Ownership,
     publish::{GroupCommit, Publisher},
+    telemetry::Telemetry,
     turn::{agent::AgentClient, inflight::InFlight, queue::TurnQueue, router::TurnRouter, run::Runner},
 };
 
-/// Log lines on stderr in `format`, filtered by `LEASEHOLD_LOG` (default `info`).
-pub fn init_tracing(format: LogFormat) {
+/// Log lines on stderr in `format`, filtered by `LEASEHOLD_LOG` (default `info`), and,
+/// with `telemetry`, the spans exported over OTLP.
+pub fn init_tracing(format: LogFormat, telemetry: Option<&Telemetry>) {
     use tracing_subscriber::{fmt, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer};
     let filter = EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let lines = match format {
@@ -42,7 +44,8 @@ pub fn init_tracing(format: LogFormat) {
             .boxed(),
         LogFormat::Json => fmt::layer().json().with_writer(std::io::stderr).boxed(),
     };
-    tracing_subscriber::registry().with(lines).with(filter).init();
+    let spans = telemetry.map(Telemetry::layer);
+    tracing_subscriber::registry().with(lines).with(spans).with(filter).init();
 }
 
 pub fn fail(line: &str) -> ExitCode {

@@ -139,3 +139,21 @@ fn an_unknown_log_format_is_refused_naming_the_choices() {
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
 }
+
+/// With an OTLP endpoint set, a protocol other than http/protobuf fails at start in one
+/// line that says which one is spoken.
+#[test]
+fn an_otlp_protocol_other_than_http_protobuf_fails_at_start() {
+    let out = Command::new(BIN)
+        .args(["--database-url", "postgres://127.0.0.1:1/none", "--insecure-peer", "--node-id", "otel"])
+        .args(["--peer-listen", "127.0.0.1:0"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && err.contains("http/protobuf"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+}

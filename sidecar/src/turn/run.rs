@@ -18,6 +18,7 @@ use leasehold_core::{
 use serde_json::json;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{
     agent::AgentClient,
@@ -129,11 +130,14 @@ impl Runner {
         }
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
-        tokio::spawn(async move {
-            let ran = this.settle(turn, lease).await;
-            drop(guard);
-            let _ = tx.send(ran);
-        });
+        tokio::spawn(
+            async move {
+                let ran = this.settle(turn, lease).await;
+                drop(guard);
+                let _ = tx.send(ran);
+            }
+            .in_current_span(),
+        );
         rx.await.unwrap_or(Ran::Settled(Outcome::OwnerFailed))
     }
 
@@ -206,7 +210,8 @@ impl Runner {
             content_type: turn.content_type(),
             body: &turn.body,
         };
-        match self.ownership.begin_turn(&lease, &new).await {
+        let begun = self.ownership.begin_turn(&lease, &new).instrument(tracing::info_span!("journal.begin"));
+        match begun.await {
             Ok(Begun::Started) => {
                 self.metrics.turn_journal("started");
                 let dispatch = Dispatch { turn, resume: false, attempt: 1 };
@@ -399,7 +404,11 @@ impl Runner {
         if !self.publisher.flush(&lease.key, lease.epoch).await || lease.halt.is_cancelled() {
             return self.halted(lease, landed);
         }
-        match self.ownership.finish_turn(lease, &turn.id, &answer).await {
+        let finished = self
+            .ownership
+            .finish_turn(lease, &turn.id, &answer)
+            .instrument(tracing::info_span!("journal.answer"));
+        match finished.await {
             Ok(()) => Outcome::Answered { answer: Arc::new(answer), epoch: lease.epoch, replayed: false },
             Err(store::Error::Fenced { .. }) => {
                 self.ownership.stand_down(&lease.key, lease.epoch, StandDownReason::Fenced);
