@@ -34,3 +34,6 @@ fi
 
 # promtool (pinned), for the chart test's `promtool check rules` / `promtool test rules`.
 "$here/ensure-promtool.sh" >/dev/null
+# Jaeger all-in-one, the real OpenTelemetry collector of the tracing test
+# (localcluster/tests/tracing.rs); built once from its Go module, then cached.
+"$here/ensure-jaeger.sh" >/dev/null

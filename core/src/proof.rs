@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! leasehold-peer-v2 \n method \n path \n timestamp \n nonce \n destination \n
-//! name:value \n ... (each signed header, in the order listed) \n sha256(body) in hex
+//! name:value \n ... (each signed header, in the order listed, one line per value) \n sha256(body) in hex
 //! ```
 //!
 //! `destination` is the node id of the sidecar the request is for, so a captured request
@@ -160,10 +160,16 @@ impl PeerAuth {
             mac.update(b"\n");
         }
         for name in covered {
-            mac.update(name.as_bytes());
-            mac.update(b":");
-            mac.update(request.headers.get(*name).map_or(b"".as_slice(), HeaderValue::as_bytes));
-            mac.update(b"\n");
+            // One line per value (a value holds no newline), an absent header as one
+            // empty line: a value added to a covered header breaks the proof too.
+            let mut values = request.headers.get_all(*name).iter().map(HeaderValue::as_bytes).peekable();
+            let absent = values.peek().is_none().then_some(b"".as_slice());
+            for value in values.chain(absent) {
+                mac.update(name.as_bytes());
+                mac.update(b":");
+                mac.update(value);
+                mac.update(b"\n");
+            }
         }
         mac.update(hex(&Sha256::digest(request.body)).as_bytes());
         mac
@@ -412,6 +418,27 @@ mod tests {
         altered.insert(http::header::AUTHORIZATION, HeaderValue::from_static("Bearer b"));
         assert_eq!(auth.verify(&request(&altered, "node-b", b"")), Err(AuthError::BadSignature));
         assert_eq!(auth.verify(&request(&h, "node-b", b"")), Ok(()));
+    }
+
+    #[test]
+    fn a_covered_header_cannot_be_added_nor_given_a_second_value() {
+        let auth = PeerAuth::new(Some("s3cret"), None);
+        let (accept, tenant) = (http::header::ACCEPT, HeaderName::from_static("x-tenant"));
+        let mut h = turn_headers();
+        h.append(accept.clone(), HeaderValue::from_static("a/b"));
+        h.append(accept.clone(), HeaderValue::from_static("c/d"));
+        let proof = auth.sign(&request(&h, "node-b", b""), &[accept.clone(), tenant.clone()]);
+        h.extend(proof);
+        let mut added = h.clone();
+        added.insert(tenant, HeaderValue::from_static("t1"));
+        assert_eq!(auth.verify(&request(&added, "node-b", b"")), Err(AuthError::BadSignature), "added");
+        let mut appended = h.clone();
+        appended.append(accept.clone(), HeaderValue::from_static("e/f"));
+        assert_eq!(auth.verify(&request(&appended, "node-b", b"")), Err(AuthError::BadSignature), "appended");
+        let mut dropped = h.clone();
+        dropped.insert(accept, HeaderValue::from_static("a/b"));
+        assert_eq!(auth.verify(&request(&dropped, "node-b", b"")), Err(AuthError::BadSignature), "dropped");
+        assert_eq!(auth.verify(&request(&h, "node-b", b"")), Ok(()), "both values as signed");
     }
 
     #[test]

@@ -147,6 +147,19 @@ pub struct SidecarSpec {
     /// Sidecar log level (`LEASEHOLD_LOG`), e.g. `info` or `info,leasehold_sidecar=debug`.
     #[serde(default = "default_log_level")]
     pub log_level: String,
+
+    /// Client request headers that reach the agent with a turn
+    /// (`LEASEHOLD_FORWARD_HEADERS`, comma-separated). Unset: the sidecar's default
+    /// (Authorization, traceparent, tracestate, baggage, X-Request-Id, Accept); empty:
+    /// none. A hop-by-hop or `Leasehold-*` header makes the sidecar refuse to start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_headers: Option<String>,
+
+    /// Sidecar log lines (`LEASEHOLD_LOG_FORMAT`): `text` or `json` (one object per
+    /// line). Unset: the sidecar's default, `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(text|json)$"))]
+    pub log_format: Option<String>,
 }
 
 fn default_lease_ttl() -> String {
@@ -171,6 +184,8 @@ impl Default for SidecarSpec {
             heartbeat_interval: default_heartbeat(),
             drain_timeout: default_drain_timeout(),
             log_level: default_log_level(),
+            forward_headers: None,
+            log_format: None,
         }
     }
 }

@@ -207,6 +207,12 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
         env_vars.push(env("PGSSLROOTCERT", format!("{POSTGRES_CA_DIR}/{POSTGRES_CA_FILE}")));
         env_vars.push(env("PGSSLMODE", "verify-full"));
     }
+    if let Some(names) = &s.forward_headers {
+        env_vars.push(env("LEASEHOLD_FORWARD_HEADERS", names));
+    }
+    if let Some(format) = &s.log_format {
+        env_vars.push(env("LEASEHOLD_LOG_FORMAT", format));
+    }
     Container {
         name: SIDECAR_CONTAINER.to_owned(),
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),

@@ -325,6 +325,36 @@ fn the_sidecar_gets_the_turn_settings_as_env() {
     }
 }
 
+/// `spec.sidecar.forwardHeaders` reaches the sidecar as `LEASEHOLD_FORWARD_HEADERS`,
+/// exactly as written (an empty list too); unset, the variable is absent and the sidecar's
+/// own default applies.
+#[test]
+fn the_sidecar_gets_the_forwarded_headers_as_env_only_when_set() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let sidecar = sidecar_of(&build::deployment(&ac, &timings, IMAGE, VERSION));
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_FORWARD_HEADERS"), None, "unset: the sidecar's default");
+    for list in ["X-Tenant,Authorization", ""] {
+        let mut set = ac.clone();
+        set.spec.sidecar.forward_headers = Some(list.to_owned());
+        let sidecar = sidecar_of(&build::deployment(&set, &timings, IMAGE, VERSION));
+        assert_eq!(env_value(&sidecar, "LEASEHOLD_FORWARD_HEADERS").as_deref(), Some(list));
+    }
+}
+
+/// `spec.sidecar.logFormat` becomes `LEASEHOLD_LOG_FORMAT` only when set.
+#[test]
+fn the_sidecar_gets_the_log_format_as_env_only_when_set() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let sidecar = sidecar_of(&build::deployment(&ac, &timings, IMAGE, VERSION));
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_LOG_FORMAT"), None, "unset: the sidecar's default");
+    let mut set = ac.clone();
+    set.spec.sidecar.log_format = Some("json".to_owned());
+    let sidecar = sidecar_of(&build::deployment(&set, &timings, IMAGE, VERSION));
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_LOG_FORMAT").as_deref(), Some("json"));
+}
+
 /// What the sidecar reads rolls the pods (the pod template and its hash change); the
 /// answer retention is the operator's alone and leaves the template as it was.
 #[test]

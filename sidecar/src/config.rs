@@ -2,9 +2,12 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::turn::queue::Multitask;
+use crate::turn::{
+    client_headers::{ForwardHeaders, DEFAULT_FORWARD_HEADERS},
+    queue::Multitask,
+};
 
 /// Parse `15s`, `500ms`, `2m`.
 fn duration(s: &str) -> Result<Duration, String> {
@@ -26,8 +29,22 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// How log lines on stderr are written: `text` (for people) or `json` (one object
+    /// per line, for log collectors).
+    #[arg(long, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// The shape of the log lines on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (coloured on a terminal).
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields`, `target`, `span`.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -150,6 +167,12 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_MULTITASK", default_value = "enqueue", value_parser = multitask)]
     pub multitask: Multitask,
 
+    /// Client request headers (comma-separated, any case) that reach the agent with a
+    /// turn or event, on this pod or forwarded one hop to the owner; empty: none.
+    /// Hop-by-hop headers and the sidecar's own Leasehold-* ones cannot be named.
+    #[arg(long, env = "LEASEHOLD_FORWARD_HEADERS", default_value = DEFAULT_FORWARD_HEADERS, value_parser = forward_headers)]
+    pub forward_headers: ForwardHeaders,
+
     /// Turns that may wait per session at its owner; above it, 503 queue_full.
     #[arg(long, env = "LEASEHOLD_QUEUE_LIMIT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub queue_limit: u32,
@@ -182,6 +205,10 @@ pub struct RunArgs {
 
 fn multitask(s: &str) -> Result<Multitask, String> {
     s.parse()
+}
+
+fn forward_headers(s: &str) -> Result<ForwardHeaders, String> {
+    s.parse().map_err(|e: crate::turn::client_headers::ForwardHeadersError| e.to_string())
 }
 
 /// A configuration error: one line naming the flag.

@@ -47,11 +47,15 @@ pub struct Forwarder {
     /// For long-lived upstream event streams: no total timeout.
     streams: reqwest::Client,
     auth: Arc<PeerAuth>,
+    /// Every forwarded turn's proof covers these (present or not): the client headers a
+    /// turn may carry, so none is added or altered on the way.
+    covered: Arc<[HeaderName]>,
 }
 
 impl Forwarder {
-    /// `auth` signs every request (the same proof the peer listener checks).
-    pub fn new(auth: Arc<PeerAuth>) -> Self {
+    /// `auth` signs every request (the same proof the peer listener checks), covering
+    /// `covered` on every forwarded turn.
+    pub fn new(auth: Arc<PeerAuth>, covered: &[HeaderName]) -> Self {
         let client = Upstream::new(PEER_CONNECT_TIMEOUT, Some(PEER_RESPONSE_TIMEOUT), PEER_POOL_IDLE);
         let streams = reqwest::Client::builder()
             .connect_timeout(PEER_CONNECT_TIMEOUT)
@@ -62,7 +66,7 @@ impl Forwarder {
             .tcp_user_timeout(upstream::USER_TIMEOUT)
             .build()
             .expect("static client configuration");
-        Forwarder { client, streams, auth }
+        Forwarder { client, streams, auth, covered: covered.into() }
     }
 
     /// Open `owner`'s event stream for `key`, after `after` when given.
@@ -109,7 +113,9 @@ impl Forwarder {
         headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
         body: Bytes,
     ) -> Result<upstream::Response, ForwardError> {
-        let headers: HeaderMap = headers.into_iter().collect();
+        let mut headers: HeaderMap = headers.into_iter().collect();
+        // The forward span's context replaces the client's, before the proof covers it.
+        crate::telemetry::propagate(&mut headers);
         let signed = Signed {
             method: "POST",
             path,
@@ -131,9 +137,9 @@ impl Forwarder {
                 ForwardError::Failed { addr, source }
             }
         };
-        let response = send(self.auth.sign(&signed, &[]), body.clone()).await.map_err(failed)?;
+        let response = send(self.auth.sign(&signed, &self.covered), body.clone()).await.map_err(failed)?;
         if refused_proof(response.status(), response.headers()) {
-            if let Some(proof) = self.auth.sign_previous(&signed, &[]) {
+            if let Some(proof) = self.auth.sign_previous(&signed, &self.covered) {
                 // The peer refused the proof before running anything: safe to send again.
                 return send(proof, body).await.map_err(failed);
             }

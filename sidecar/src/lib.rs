@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod observe;
 pub mod ownership;
 pub mod publish;
+pub mod telemetry;
 pub mod turn;
 pub mod upstream;

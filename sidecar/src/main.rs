@@ -1,7 +1,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use leasehold_sidecar::config::{Cli, Command};
+use leasehold_sidecar::{
+    config::{Cli, Command},
+    telemetry::{self, Telemetry},
+};
 
 mod runtime;
 
@@ -17,14 +20,36 @@ fn main() -> ExitCode {
         // Bad configuration: one clear line naming the flag.
         Err(e) => return runtime::fail(&runtime::one_line(&e.render().to_string())),
     };
-    runtime::init_tracing();
     let result = match cli.command {
-        Some(Command::Migrate(args)) => runtime::block_on(1, runtime::migrate(&args.database_url)),
-        Some(Command::Drain(args)) => runtime::block_on(1, runtime::drain(&args)),
-        None => match cli.run.resolve(|name| std::env::var(name).ok()) {
-            Ok(config) => runtime::block_on(usize::from(config.args.worker_threads), runtime::serve(config)),
-            Err(e) => return runtime::fail(&format!("error: {e}")),
-        },
+        Some(Command::Migrate(args)) => {
+            runtime::init_tracing(cli.log_format, None);
+            runtime::block_on(1, runtime::migrate(&args.database_url))
+        }
+        Some(Command::Drain(args)) => {
+            runtime::init_tracing(cli.log_format, None);
+            runtime::block_on(1, runtime::drain(&args))
+        }
+        None => {
+            let config = match cli.run.resolve(|name| std::env::var(name).ok()) {
+                Ok(config) => config,
+                Err(e) => return runtime::fail(&format!("error: {e}")),
+            };
+            // Spans are exported only when an OTLP endpoint is configured; built before
+            // the runtime, flushed after it.
+            let telemetry = match telemetry::configured(|name| std::env::var(name).ok()) {
+                true => match Telemetry::start(&config.node_id) {
+                    Ok(telemetry) => Some(telemetry),
+                    Err(e) => return runtime::fail(&format!("error: tracing: {e:#}")),
+                },
+                false => None,
+            };
+            runtime::init_tracing(cli.log_format, telemetry.as_ref());
+            let served = runtime::block_on(usize::from(config.args.worker_threads), runtime::serve(config));
+            if let Some(telemetry) = telemetry {
+                telemetry.shutdown();
+            }
+            served
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

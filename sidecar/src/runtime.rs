@@ -18,7 +18,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_sidecar::{
-    config::{Config, DrainArgs, RunArgs},
+    config::{Config, DrainArgs, LogFormat, RunArgs},
     drain::{self, Drain},
     fence::Fence,
     forward::Forwarder,
@@ -28,17 +28,24 @@ use leasehold_sidecar::{
     observe::{Follow, Hubs, Observe, StreamLimits},
     ownership::Ownership,
     publish::{GroupCommit, Publisher},
+    telemetry::Telemetry,
     turn::{agent::AgentClient, inflight::InFlight, queue::TurnQueue, router::TurnRouter, run::Runner},
 };
 
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+/// Log lines on stderr in `format`, filtered by `LEASEHOLD_LOG` (default `info`), and,
+/// with `telemetry`, the spans exported over OTLP.
+pub fn init_tracing(format: LogFormat, telemetry: Option<&Telemetry>) {
+    use tracing_subscriber::{fmt, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer};
+    let filter = EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let lines = match format {
+        LogFormat::Text => fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => fmt::layer().json().with_writer(std::io::stderr).boxed(),
+    };
+    let spans = telemetry.map(Telemetry::layer);
+    tracing_subscriber::registry().with(lines).with(spans).with(filter).init();
 }
 
 pub fn fail(line: &str) -> ExitCode {
@@ -223,7 +230,7 @@ fn assemble(
             args.cluster_secret_previous.as_deref().filter(|s| !s.trim().is_empty()),
         ),
     });
-    let forwarder = Arc::new(Forwarder::new(auth.clone()));
+    let forwarder = Arc::new(Forwarder::new(auth.clone(), args.forward_headers.names()));
     let follow = Arc::new(Follow {
         hubs: hubs.clone(),
         ownership: ownership.clone(),
@@ -283,7 +290,8 @@ fn assemble(
 /// Serve the four listeners, each calling the parts it needs, until `shutdown`.
 async fn serve_listeners(parts: &Parts, args: &RunArgs, listeners: Listeners, shutdown: CancellationToken) {
     let (max_body, cap) = (args.max_body_bytes, args.max_connections as usize);
-    let turns = http::Turns { router: parts.router.clone(), max_body };
+    let turns =
+        http::Turns { router: parts.router.clone(), max_body, forward_headers: args.forward_headers.clone() };
     let public = http::public::Public {
         turns: turns.clone(),
         observe: parts.observe.clone(),

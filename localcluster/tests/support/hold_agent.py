@@ -11,7 +11,8 @@ on the same IP, port 18082).
 
 With HOLD_AGENT_RECORD_DIR set, it keeps a record of what it was sent, one JSON line per
 happening in <dir>/<ip>.jsonl, so a test can see what reached this pod's agent:
-  {"got": "<path>", "content_type", "epoch", "turn_id", "body"}   on receipt of any POST;
+  {"got": "<path>", "content_type", "epoch", "turn_id", "headers", "body"}
+                                     on receipt of any POST ("headers": [name, value] pairs);
   {"thawed": "<key>", "checkpoint_epoch"}                         after a thaw (null: 404)."""
 import http.server
 import json
@@ -56,6 +57,7 @@ class Agent(http.server.BaseHTTPRequestHandler):
                 "content_type": self.headers.get("content-type"),
                 "epoch": self.headers.get("leasehold-epoch"),
                 "turn_id": self.headers.get("leasehold-turn-id"),
+                "headers": [[name.lower(), value] for name, value in self.headers.items()],
                 "body": raw.decode("utf-8", "replace"),
             }
         )

@@ -135,7 +135,11 @@ async fn put_checkpoint(
 ) -> Result<Response, BadRequest> {
     let (key, epoch) = key_and_epoch(&key, &headers)?;
     let data = read_body(&headers, body, MAX_CHECKPOINT_BYTES).await?;
-    Ok(match app.fence.put_checkpoint(&key, epoch, &data).await {
+    let span = tracing::info_span!("checkpoint", session = %key, epoch = epoch.0);
+    // An agent that passes on the turn's traceparent puts its checkpoint in the trace.
+    crate::telemetry::continue_from(&span, &headers);
+    let written = tracing::Instrument::instrument(app.fence.put_checkpoint(&key, epoch, &data), span);
+    Ok(match written.await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => write_error(e),
     })

@@ -14,8 +14,12 @@ use axum::{
 use leasehold_core::headers;
 use serde_json::{json, value::RawValue};
 
+use tracing::Instrument;
+
 use super::{read_body, reply, session_key, BadRequest};
+use crate::telemetry;
 use crate::turn::{
+    client_headers::ForwardHeaders,
     directive::Refusal,
     queue::Multitask,
     router::{CancelReply, TurnRouter},
@@ -29,6 +33,8 @@ pub struct Turns {
     pub router: Arc<TurnRouter>,
     /// Largest accepted body (`413` above).
     pub max_body: usize,
+    /// The client headers a turn carries to the agent.
+    pub forward_headers: ForwardHeaders,
 }
 
 /// The route for a turn (or event) entering at `door`.
@@ -92,8 +98,16 @@ impl Turns {
         let multitask = multitask(&parts.headers)?;
         let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
         let id_header = HeaderValue::try_from(id.as_str()).expect("a turn id is visible ASCII");
-        let turn = Turn { kind, key, id, keyed, multitask, content_type, body };
-        let mut response = reply::reply(self.router.route(turn, door).await);
+        let client_headers = match door {
+            Door::Public => self.forward_headers.from_client(&parts.headers),
+            Door::Peer => self.forward_headers.from_peer(&parts.headers),
+        };
+        let span =
+            tracing::info_span!("turn", session = %key, turn_id = %id, kind = kind.segment(), door = ?door);
+        // The client's trace (public door) or the forwarding sidecar's span (peer door).
+        telemetry::continue_from(&span, &parts.headers);
+        let turn = Turn { kind, key, id, keyed, multitask, content_type, client_headers, body };
+        let mut response = reply::reply(self.router.route(turn, door).instrument(span).await);
         // Every answer names its turn: a client without a key can read its fate
         // (`GET …/turns/{id}`) or re-send it as a repeat of that id.
         response.headers_mut().entry(headers::TURN_ID).or_insert(id_header);

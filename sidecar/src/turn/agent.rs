@@ -12,6 +12,7 @@ use std::{
 use bytes::Bytes;
 use http::HeaderValue;
 use leasehold_core::{headers, Epoch, SessionKey};
+use tracing::Instrument;
 
 use super::Turn;
 use crate::upstream::{self, Upstream};
@@ -52,11 +53,19 @@ impl AgentClient {
         resume: bool,
     ) -> Result<upstream::Response, upstream::Error> {
         let url = format!("{}/sessions/{}/{}", self.base, turn.key, turn.kind.segment());
+        let span = tracing::info_span!("agent", session = %turn.key, epoch = epoch.0, resume);
         let epoch = (headers::EPOCH, HeaderValue::from(epoch.0));
         let resume = resume
             .then(|| (headers::RESUME, HeaderValue::try_from(turn.id.as_str()).expect("visible ASCII")));
-        let headers = turn.headers().chain([epoch]).chain(resume);
-        let sent = self.client.post(&url, headers, turn.body.clone()).await;
+        let mut headers: http::HeaderMap = turn.headers().chain([epoch]).chain(resume).collect();
+        let sent = async {
+            // The agent's parent is this span: its context replaces the client's.
+            crate::telemetry::propagate(&mut headers);
+            let headers = headers.iter().map(|(name, value)| (name.clone(), value.clone()));
+            self.client.post(&url, headers, turn.body.clone()).await
+        }
+        .instrument(span)
+        .await;
         self.down.store(sent.as_ref().is_err_and(upstream::Error::is_connect), Ordering::Relaxed);
         sent
     }

@@ -3,6 +3,7 @@
 //! directive), dispatched to the agent. Nothing here runs a turn without a lease.
 
 pub mod agent;
+pub mod client_headers;
 pub mod directive;
 pub mod inflight;
 pub mod outcome;
@@ -58,6 +59,9 @@ pub struct Turn {
     /// The client's multitask policy for this turn, if it named one.
     pub multitask: Option<Multitask>,
     pub content_type: Option<HeaderValue>,
+    /// The client's headers that reach the agent (`--forward-headers`); none for a turn
+    /// resumed from the journal.
+    pub client_headers: Vec<(HeaderName, HeaderValue)>,
     pub body: Bytes,
 }
 
@@ -68,8 +72,8 @@ impl Turn {
     }
 
     /// The headers a turn travels with: its id (and idempotency key), when given its
-    /// content type and multitask policy.
-    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+    /// content type and multitask policy, and the client's headers it carries.
+    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
         let id = HeaderValue::try_from(self.id.as_str()).expect("a turn id is visible ASCII");
         let key = self.keyed.then(|| (headers::IDEMPOTENCY_KEY, id.clone()));
         let multitask = self.multitask.map(|m| (headers::MULTITASK, HeaderValue::from_static(m.as_str())));
@@ -77,6 +81,7 @@ impl Turn {
             .chain(key)
             .chain(multitask)
             .chain(self.content_type.clone().map(|ct| (CONTENT_TYPE, ct)))
+            .chain(self.client_headers.iter().cloned())
     }
 
     /// What a repeat of its idempotency key is compared by.

@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 use http_body_util::BodyExt;
 
 use leasehold_core::{directive::RefusalBody, headers, store::Holder, Epoch, Owner, SessionKey};
+use tracing::Instrument;
 
 use super::{
     agent::AgentClient,
@@ -171,7 +172,9 @@ impl TurnRouter {
             drop(admitted);
             return self.route_without_agent(turn, door).await;
         }
-        match self.ownership.resolve(&turn.key, fresh).await {
+        let resolved =
+            self.ownership.resolve(&turn.key, fresh).instrument(tracing::info_span!("resolve", fresh));
+        match resolved.await {
             // Our node lease lapsed (revoked, or lost to a partition): a peer asking us is
             // told we are not the owner, so it looks again, rather than that the store is down.
             Err(ResolveError::NodeNotLive) if door == Door::Peer => {
@@ -219,7 +222,10 @@ impl TurnRouter {
         let path = turn.peer_path();
         let started = tokio::time::Instant::now();
         let forwarded = tokio::select! {
-            forwarded = self.forwarder.forward(holder, &path, turn.headers(), turn.body.clone()) => forwarded,
+            forwarded = self
+                .forwarder
+                .forward(holder, &path, turn.headers(), turn.body.clone())
+                .instrument(tracing::info_span!("forward", owner = %holder.owner, peer = %holder.peer_addr)) => forwarded,
             () = self.owner_gone(&turn.key, holder) => {
                 self.metrics.hop_took("owner_gone", started.elapsed());
                 // It may have run (and may still finish; the fence stops its writes once

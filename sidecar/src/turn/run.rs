@@ -18,6 +18,7 @@ use leasehold_core::{
 use serde_json::json;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{
     agent::AgentClient,
@@ -115,6 +116,9 @@ impl Dispatch {
             keyed: true,
             multitask: None,
             content_type: record.content_type.as_deref().and_then(|ct| HeaderValue::from_str(ct).ok()),
+            // The client's headers are not journaled: a resumed turn reaches the agent
+            // without them (documented in docs/http-api.md).
+            client_headers: Vec::new(),
             body: Bytes::from(record.request.clone()),
         };
         Dispatch { turn, resume: true, attempt: record.attempts }
@@ -132,11 +136,14 @@ impl Runner {
         }
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
-        tokio::spawn(async move {
-            let ran = this.settle(turn, lease).await;
-            drop(guard);
-            let _ = tx.send(ran);
-        });
+        tokio::spawn(
+            async move {
+                let ran = this.settle(turn, lease).await;
+                drop(guard);
+                let _ = tx.send(ran);
+            }
+            .in_current_span(),
+        );
         rx.await.unwrap_or(Ran::Settled(Outcome::OwnerFailed))
     }
 
@@ -209,7 +216,8 @@ impl Runner {
             content_type: turn.content_type(),
             body: &turn.body,
         };
-        match self.ownership.begin_turn(&lease, &new).await {
+        let begun = self.ownership.begin_turn(&lease, &new).instrument(tracing::info_span!("journal.begin"));
+        match begun.await {
             Ok(Begun::Started) => {
                 self.metrics.turn_journal("started");
                 let dispatch = Dispatch { turn, resume: false, attempt: 1 };
@@ -460,7 +468,11 @@ impl Runner {
         if !self.publisher.flush(&lease.key, lease.epoch).await || lease.halt.is_cancelled() {
             return self.halted(lease, landed);
         }
-        match self.ownership.finish_turn(lease, &turn.id, &answer).await {
+        let finished = self
+            .ownership
+            .finish_turn(lease, &turn.id, &answer)
+            .instrument(tracing::info_span!("journal.answer"));
+        match finished.await {
             Ok(()) => Outcome::Answered { answer: Arc::new(answer), epoch: lease.epoch, replayed: false },
             Err(store::Error::Fenced { .. }) => {
                 self.ownership.stand_down(&lease.key, lease.epoch, StandDownReason::Fenced);
