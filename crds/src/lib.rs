@@ -4,8 +4,8 @@
 pub mod agentcluster;
 
 pub use agentcluster::{
-    AgentCluster, AgentClusterSpec, AgentClusterStatus, ClusterSecretRef, DatabaseRef, Multitask,
-    RolloutSpec, ServiceSpec, ServiceType, SidecarSpec, TurnsSpec, CLUSTER_SECRET_KEY,
+    AgentCluster, AgentClusterSpec, AgentClusterStatus, ClusterSecretRef, DatabaseRef, DisruptionBudgetSpec,
+    Multitask, RolloutSpec, ServiceSpec, ServiceType, SidecarSpec, TurnsSpec, CLUSTER_SECRET_KEY,
     MAX_ANSWER_BYTES_LIMIT, MAX_QUEUE_LIMIT, MIN_QUEUE_LIMIT, PREVIOUS_CLUSTER_SECRET_KEY,
 };
 
