@@ -10,7 +10,8 @@
 #   4. e2e/cluster/down.sh, always (LEASEHOLD_E2E_KEEP=1 leaves the cluster up).
 #
 # Scenario timings (E2E-TIMING lines) are collected into $RUN/timings.txt.
-# LEASEHOLD_E2E_FILTER=<substring> runs only the scenarios whose names contain it.
+# LEASEHOLD_E2E_FILTER="<substring> [<substring>...]" runs only the scenarios whose names
+# contain one of them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -38,9 +39,9 @@ log "cluster up ($((SECONDS - started))s)"
 export LEASEHOLD_E2E_HELM=$helm LEASEHOLD_E2E_CHART=$root/charts/leasehold
 # The leader-election scenario runs operator processes of its own beside the chart's.
 export LEASEHOLD_E2E_OPERATOR_BIN=${CARGO_TARGET_DIR:-$root/target}/release/leasehold-operator
-# LEASEHOLD_E2E_FILTER=<name> runs only the scenarios whose names contain it.
-filter=()
-[ -n "${LEASEHOLD_E2E_FILTER:-}" ] && filter=("$LEASEHOLD_E2E_FILTER")
+# LEASEHOLD_E2E_FILTER="<name> [<name>...]" runs only the scenarios whose names contain
+# one of them.
+read -ra filter <<<"${LEASEHOLD_E2E_FILTER:-}"
 set +e
 in_ns cargo test -p leasehold-e2e --features e2e --locked -- "${filter[@]}" --test-threads=1 --nocapture 2>&1 \
   | tee "$RUN/e2e.log"

@@ -52,6 +52,26 @@ pub const PROOF_WINDOW: Duration = Duration::from_secs(10);
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// The header a pod's preStop hook sends `GET /drained` with, to start its own sidecar's
+/// drain: a kubelet `httpGet` hook carries fixed headers and cannot sign a request.
+pub const DRAIN_HOOK_HEADER: &str = "leasehold-drain-hook";
+/// Domain of the drain-hook token: it authorises nothing but starting a drain.
+const DRAIN_HOOK_DOMAIN: &[u8] = b"leasehold-drain-hook-v1";
+
+fn drain_hook_mac(key: &HmacSha256) -> HmacSha256 {
+    let mut mac = key.clone();
+    mac.update(DRAIN_HOOK_DOMAIN);
+    mac
+}
+
+/// The drain-hook token of a cluster secret: an HMAC of a fixed domain string, so it shows
+/// nothing of the secret and opens nothing but the drain of a pod of that cluster. It
+/// stands in the pod spec (the operator writes it into the hook).
+pub fn drain_hook_token(secret: &str) -> String {
+    let key = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    hex(&drain_hook_mac(&key).finalize().into_bytes())
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
     #[error("missing or malformed peer proof header {0}")]
@@ -226,6 +246,16 @@ impl PeerAuth {
         ]
     }
 
+    /// Whether `token` is the drain-hook token of the current or the previous secret
+    /// (any token in insecure mode, like every proof).
+    pub fn accepts_drain_hook(&self, token: &str) -> bool {
+        if self.keys.is_empty() {
+            return true;
+        }
+        let Ok(bytes) = hex::decode(token) else { return false };
+        self.keys.iter().any(|key| drain_hook_mac(key).verify_slice(&bytes).is_ok())
+    }
+
     /// Check an incoming request's proof, made for `request.destination` (our node id).
     pub fn verify(&self, request: &Signed<'_>) -> Result<(), AuthError> {
         if self.keys.is_empty() {
@@ -272,6 +302,20 @@ impl PeerAuth {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_drain_hook_token_opens_only_for_its_secrets() {
+        let token = drain_hook_token("current");
+        assert_eq!(token, drain_hook_token("current"), "stable: it stands in the pod spec");
+        assert!(!token.contains("current"));
+        let rotating = PeerAuth::new(Some("current"), Some("before"));
+        assert!(rotating.accepts_drain_hook(&token));
+        assert!(rotating.accepts_drain_hook(&drain_hook_token("before")), "pods started before a rotation");
+        assert!(!rotating.accepts_drain_hook(&drain_hook_token("other")));
+        assert!(!rotating.accepts_drain_hook("not hex"));
+        assert!(!rotating.accepts_drain_hook(""));
+        assert!(PeerAuth::new(None, None).accepts_drain_hook(""), "insecure mode accepts everything");
+    }
     use super::*;
 
     fn headers(pairs: &[(HeaderName, HeaderValue)]) -> HeaderMap {

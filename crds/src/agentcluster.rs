@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
     shortname = "ac",
     namespaced,
     status = "AgentClusterStatus",
-    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas"}"#,
+    doc = "A fleet of agent pods behind one Service, each with the leasehold sidecar injected (a native sidecar) so that every agent session has exactly one writer: a Postgres lease and an epoch fence per session, drains before pods stop, lease revocation when pods die.",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Leases","type":"integer","jsonPath":".status.leases"}"#,
@@ -34,8 +35,10 @@ pub struct AgentClusterSpec {
     pub replicas: i32,
 
     /// Pod template for the agent containers (a standard PodTemplateSpec). The operator adds
-    /// the `leasehold-sidecar` container, a preStop drain hook on every container, and a
-    /// termination grace period that covers the drain.
+    /// the `leasehold-sidecar` native sidecar (an init container with `restartPolicy:
+    /// Always`), a preStop drain hook on every agent container (a user's own `httpGet` or
+    /// `sleep` preStop hook runs after the drain), and a termination grace period that
+    /// covers the drain.
     #[schemars(schema_with = "pod_template_schema")]
     pub template: PodTemplateSpec,
 
@@ -78,6 +81,45 @@ pub struct AgentClusterSpec {
     /// recorded answers are kept (CONTRACT §9).
     #[serde(default)]
     pub turns: TurnsSpec,
+
+    /// Spread the pods over nodes (`kubernetes.io/hostname`, at most one pod more on any
+    /// node, scheduled anyway when it cannot be met), so one node going down takes few
+    /// sessions' owners with it. Ignored when the template has its own
+    /// `topologySpreadConstraints`. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub topology_spread: bool,
+
+    /// The PodDisruptionBudget the operator keeps for the pods (voluntary disruptions:
+    /// node drains, evictions).
+    #[serde(default)]
+    pub disruption_budget: DisruptionBudgetSpec,
+}
+
+/// The PodDisruptionBudget of the cluster's pods.
+#[derive(KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.minAvailable) || !has(self.maxUnavailable)").message("set one of minAvailable and maxUnavailable"))]
+pub struct DisruptionBudgetSpec {
+    /// Whether the operator creates the budget at all. Default: true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Pods that may be evicted at a time (number or percentage). Default: 1 (each drain
+    /// hands its sessions over before the next pod goes), unless minAvailable is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+    /// Pods that must stay available (number or percentage); instead of maxUnavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<IntOrString>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for DisruptionBudgetSpec {
+    fn default() -> Self {
+        DisruptionBudgetSpec { enabled: true, max_unavailable: None, min_available: None }
+    }
 }
 
 fn default_session_retention() -> String {
@@ -123,7 +165,8 @@ pub struct SidecarSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 
-    /// Compute resources of the sidecar container.
+    /// Compute resources of the sidecar container. Default: requests of 50m CPU and 64Mi
+    /// memory, a memory limit of 256Mi; when set, it replaces the default as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
@@ -435,5 +478,10 @@ pub struct AgentClusterStatus {
     pub observed_generation: Option<i64>,
     /// `Available`, `Progressing` and `Degraded`, with reasons.
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The label selector of the cluster's pods, as text (the scale subresource's
+    /// `labelSelectorPath`: a HorizontalPodAutoscaler finds the pods by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }

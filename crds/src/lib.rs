@@ -5,8 +5,9 @@ pub mod agentcluster;
 
 pub use agentcluster::{
     AgentCluster, AgentClusterSpec, AgentClusterStatus, CaSecretRef, ClusterSecretRef, DatabaseRef,
-    Multitask, RolloutSpec, ServiceSpec, ServiceType, SidecarSpec, TurnsSpec, CLUSTER_SECRET_KEY,
-    MAX_ANSWER_BYTES_LIMIT, MAX_QUEUE_LIMIT, MAX_TURN_ATTEMPTS, MIN_QUEUE_LIMIT, PREVIOUS_CLUSTER_SECRET_KEY,
+    DisruptionBudgetSpec, Multitask, RolloutSpec, ServiceSpec, ServiceType, SidecarSpec, TurnsSpec,
+    CLUSTER_SECRET_KEY, MAX_ANSWER_BYTES_LIMIT, MAX_QUEUE_LIMIT, MAX_TURN_ATTEMPTS, MIN_QUEUE_LIMIT,
+    PREVIOUS_CLUSTER_SECRET_KEY,
 };
 
 /// The CRD as YAML, exactly as checked in at `crds/agentcluster.yaml`.

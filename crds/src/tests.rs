@@ -128,3 +128,37 @@ fn the_schema_bounds_the_turn_settings() {
     assert!(rules.contains("duration(self) >= duration('5m')"), "{retention}");
     assert!(rules.contains("answerRetention must be at least 5m"), "{retention}");
 }
+
+/// `kubectl explain agentcluster` reads the root description; the HPA reads the scale
+/// subresource's selector path; server-side apply merges conditions by `type`.
+#[test]
+fn the_crd_follows_the_api_conventions() {
+    let crd = AgentCluster::crd();
+    let version = &crd.spec.versions[0];
+    let root = version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap();
+    let description = root.description.as_deref().unwrap_or_default();
+    assert!(description.starts_with("A fleet of agent pods"), "{description}");
+    assert!(!description.contains("Auto-generated"), "{description}");
+    let scale = version.subresources.as_ref().unwrap().scale.as_ref().unwrap();
+    assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
+    let status = &root.properties.as_ref().unwrap()["status"];
+    let conditions = &status.properties.as_ref().unwrap()["conditions"];
+    assert_eq!(conditions.x_kubernetes_list_type.as_deref(), Some("map"));
+    assert_eq!(conditions.x_kubernetes_list_map_keys, Some(vec!["type".to_owned()]));
+    assert!(status.properties.as_ref().unwrap().contains_key("selector"));
+}
+
+#[test]
+fn the_disruption_budget_takes_one_of_its_two_forms() {
+    let yaml = crd_yaml();
+    assert!(yaml.contains("set one of minAvailable and maxUnavailable"));
+    let spec: AgentClusterSpec = serde_json::from_value(serde_json::json!({
+        "replicas": 1,
+        "template": {},
+        "database": { "secretName": "db" }
+    }))
+    .unwrap();
+    assert_eq!(spec.disruption_budget, DisruptionBudgetSpec::default());
+    assert!(spec.disruption_budget.enabled, "a budget by default");
+    assert!(!spec.topology_spread, "no spread by default");
+}

@@ -68,7 +68,14 @@ fn router(agent: Arc<Agent>) -> Router {
         .route("/sessions/{key}/stand-down", post(stand_down))
         .route("/sessions/{key}/release", post(release))
         .route("/stats", get(stats))
+        .route("/hooks/pre-stop", get(pre_stop_hook))
         .with_state(agent)
+}
+
+/// A target for a user's own preStop hook (the e2e suite's): logs that it was called.
+async fn pre_stop_hook(State(agent): State<Arc<Agent>>) -> Response {
+    tracing::info!(node = %agent.node_id, "pre-stop hook called");
+    Json(json!({ "hook": "pre-stop", "node": agent.node_id })).into_response()
 }
 
 fn error(status: StatusCode, code: &str, message: String) -> Response {

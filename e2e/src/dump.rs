@@ -55,7 +55,10 @@ async fn dump_pods(api: &Api<Pod>, ns: &str, tail: Option<i64>) {
                 c.message.as_deref().unwrap_or("")
             );
         }
-        for cs in status.container_statuses.iter().flatten() {
+        // The native sidecar's status is among the init containers'.
+        for cs in
+            status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten())
+        {
             eprintln!(
                 "  container {} ready={} restarts={} state={} last={}",
                 cs.name,
@@ -71,11 +74,15 @@ async fn dump_pods(api: &Api<Pod>, ns: &str, tail: Option<i64>) {
         let restarted: Vec<String> = pod
             .status
             .iter()
-            .flat_map(|s| s.container_statuses.iter().flatten())
+            .flat_map(|s| {
+                s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten())
+            })
             .filter(|cs| cs.restart_count > 0)
             .map(|cs| cs.name.clone())
             .collect();
-        for container in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+        for container in
+            pod.spec.iter().flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+        {
             if restarted.contains(&container.name) {
                 print_log(api, &name, &container.name, true, tail).await;
             }

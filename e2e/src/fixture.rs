@@ -115,6 +115,31 @@ impl Fixture {
 
     /// The full world with an AgentCluster of `replicas` pods, all Ready.
     pub async fn start_with(scenario: &str, replicas: usize) -> Fixture {
+        let f = Fixture::with_database(scenario).await;
+        let count = i32::try_from(replicas).expect("a replica count");
+        f.create_cluster(spec::spec_json(&f.settings.agent_image(), count)).await;
+        f.wait_ready(replicas).await;
+        f
+    }
+
+    /// The AgentCluster [`CLUSTER`] from a spec in JSON.
+    pub async fn create_cluster(&self, spec: serde_json::Value) {
+        let ac = spec::agent_cluster(CLUSTER, spec);
+        self.clusters().create(&PostParams::default(), &ac).await.expect("create the AgentCluster");
+    }
+
+    /// Wait until the cluster has `replicas` pods, all Ready (within [`START_TIMEOUT`]).
+    pub async fn wait_ready(&self, replicas: usize) {
+        let started = Instant::now();
+        self.wait_pods(&format!("{replicas} Ready pods"), START_TIMEOUT, |pods| {
+            pods.len() == replicas && pods.iter().all(pods::is_ready)
+        })
+        .await;
+        eprintln!("e2e: {replicas} pods Ready in {:.1}s", started.elapsed().as_secs_f64());
+    }
+
+    /// Namespace, database and the database Secret; no AgentCluster yet.
+    pub async fn with_database(scenario: &str) -> Fixture {
         let mut f = Fixture::namespace(scenario).await;
         let db_name = f.ns.clone();
         let owner = database::url_user(&f.settings.pod_database_url);
@@ -137,16 +162,12 @@ impl Fixture {
             .create(&PostParams::default(), &secret)
             .await
             .expect("create the database Secret");
-        let count = i32::try_from(replicas).expect("a replica count");
-        let ac = spec::agent_cluster(CLUSTER, spec::spec_json(&f.settings.agent_image(), count));
-        f.clusters().create(&PostParams::default(), &ac).await.expect("create the AgentCluster");
-        let started = Instant::now();
-        f.wait_pods(&format!("{replicas} Ready pods"), START_TIMEOUT, |pods| {
-            pods.len() == replicas && pods.iter().all(pods::is_ready)
-        })
-        .await;
-        eprintln!("e2e: {replicas} pods Ready in {:.1}s", started.elapsed().as_secs_f64());
         f
+    }
+
+    /// The name of this scenario's database.
+    pub fn database_name(&self) -> &str {
+        self.db_name.as_deref().expect("this fixture has a database")
     }
 
     pub fn db(&self) -> &Db {

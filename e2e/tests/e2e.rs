@@ -1412,3 +1412,301 @@ async fn leader_election_failover() {
         panic!("{} problems:\n{}", problems.len(), problems.join("\n"));
     }
 }
+
+/// The native sidecar of a pod (an init container with `restartPolicy: Always`) and its
+/// agent container: when each started running, and the sidecar's restarts.
+struct Layout {
+    sidecar_started: Option<jiff::Timestamp>,
+    agent_started: Option<jiff::Timestamp>,
+    sidecar_restarts: i32,
+    /// A waiting reason of any container (e.g. `CrashLoopBackOff`).
+    waiting: Vec<String>,
+}
+
+fn layout(pod: &Pod) -> Layout {
+    let spec = pod.spec.as_ref().expect("a pod spec");
+    let regular: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        regular,
+        [spec::AGENT_CONTAINER],
+        "{}: the sidecar is not a regular container",
+        pod.name_any()
+    );
+    let sidecar = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == SIDECAR_CONTAINER)
+        .unwrap_or_else(|| panic!("{}: no sidecar among the init containers", pod.name_any()));
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"), "{}: a native sidecar", pod.name_any());
+    let status = pod.status.clone().unwrap_or_default();
+    let started = |s: &k8s_openapi::api::core::v1::ContainerStatus| {
+        s.state.as_ref()?.running.as_ref()?.started_at.as_ref().map(|t| t.0)
+    };
+    let init = status.init_container_statuses.unwrap_or_default();
+    let regular = status.container_statuses.unwrap_or_default();
+    let sidecar = init.iter().find(|s| s.name == SIDECAR_CONTAINER);
+    let agent = regular.iter().find(|s| s.name == spec::AGENT_CONTAINER);
+    Layout {
+        sidecar_started: sidecar.and_then(started),
+        agent_started: agent.and_then(started),
+        sidecar_restarts: sidecar.map_or(0, |s| s.restart_count),
+        waiting: init
+            .iter()
+            .chain(regular.iter())
+            .filter_map(|s| {
+                let reason = s.state.as_ref()?.waiting.as_ref()?.reason.clone()?;
+                Some(format!("{}: {reason}", s.name))
+            })
+            .collect(),
+    }
+}
+
+/// The timestamp at the head of a tracing line (`2026-12-03T16:16:04.123456Z  INFO ...`).
+fn line_time(line: &str) -> Option<jiff::Timestamp> {
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// The path of the demo agent's hook target (it logs `pre-stop hook called`).
+const USER_HOOK_PATH: &str = "/hooks/pre-stop";
+
+/// 10. The native-sidecar layout: the sidecar is an init container with `restartPolicy:
+///     Always` and is running before the agent starts; deleting a pod drains it before the
+///     agent's SIGTERM, and the user's own preStop hook (a GET on the agent) still runs,
+///     after the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecar_starts_first_and_a_users_pre_stop_hook_runs_after_the_drain() {
+    let f = Fixture::with_database("native_sidecar_start_order_and_hooks").await;
+    let mut spec = spec::spec_json(&f.settings.agent_image(), 2);
+    spec["template"]["spec"]["containers"][0]["lifecycle"] =
+        json!({ "preStop": { "httpGet": { "path": USER_HOOK_PATH, "port": "agent" } } });
+    f.create_cluster(spec).await;
+    f.wait_ready(2).await;
+    let pods = f.list_pods().await;
+    for pod in &pods {
+        let l = layout(pod);
+        let (sidecar, agent) =
+            (l.sidecar_started.expect("sidecar running"), l.agent_started.expect("agent running"));
+        eprintln!("{}: sidecar started {sidecar}, agent started {agent}", pod.name_any());
+        // Container start times have a one-second resolution: equal is "same second".
+        assert!(
+            sidecar <= agent,
+            "{}: the agent started ({agent}) before the sidecar ({sidecar})",
+            pod.name_any()
+        );
+        assert_eq!(l.sidecar_restarts, 0, "{}: the sidecar restarted", pod.name_any());
+    }
+    let victim = pods[0].name_any();
+    let other = pods[1].name_any();
+    let hook = pods[0].spec.as_ref().unwrap().containers[0].lifecycle.clone().unwrap().pre_stop.unwrap();
+    let hook_path = hook.http_get.expect("the drain hook").path.unwrap_or_default();
+    assert!(
+        hook_path.starts_with("/drained?then_port=3000"),
+        "the user's hook moved after the drain: {hook_path}"
+    );
+
+    let client = f.client_over(Pods::Fixed(vec![victim.clone(), other.clone()]));
+    turn_ok(&client, "hooked", "before", Some(&victim), Some(&victim)).await;
+    let sidecar_log = LogFollower::start(f.pods(), &victim, SIDECAR_CONTAINER);
+    let agent_log = LogFollower::start(f.pods(), &victim, spec::AGENT_CONTAINER);
+    tokio::time::sleep(Duration::from_secs(1)).await; // the followers attached
+    let deleted = Instant::now();
+    f.pods().delete(&victim, &DeleteParams::default()).await.expect("delete the pod");
+    assert!(agent_log.ended(SIDECAR_EXIT_WITHIN).await, "the agent exited");
+    assert!(sidecar_log.ended(SIDECAR_EXIT_WITHIN).await, "the sidecar exited");
+    let gone = deleted.elapsed();
+    let sidecar_lines = sidecar_log.lines();
+    let agent_lines = agent_log.lines();
+    let mut problems = Vec::new();
+    let drained_at = sidecar_lines.iter().find(|l| l.contains(": drained ")).and_then(|l| line_time(l));
+    let hook_at = agent_lines.iter().find(|l| l.contains("pre-stop hook called")).and_then(|l| line_time(l));
+    match drained_before_shutdown(&sidecar_lines) {
+        Ok(report) if report.handed_back >= 1 => {}
+        Ok(report) => problems.push(format!("the drain handed nothing back: {report:?}")),
+        Err(e) => problems.push(format!("sidecar: {e}")),
+    }
+    match (drained_at, hook_at) {
+        (Some(drained), Some(hook)) if drained <= hook => {
+            eprintln!(
+                "drained at {drained}, the user's hook ran at {hook} ({:?} later)",
+                hook.duration_since(drained)
+            );
+        }
+        (Some(drained), Some(hook)) => {
+            problems.push(format!("the user's hook ran at {hook}, before the drain at {drained}"))
+        }
+        (drained, hook) => problems.push(format!("drained line {drained:?}, user hook line {hook:?}")),
+    }
+    turn_ok(&client, "hooked", "after", Some(&other), Some(&other)).await;
+    if f.db().history("hooked").await != ["before", "after"] {
+        problems.push(format!("history: {:?}", f.db().history("hooked").await));
+    }
+    timing("native_sidecar_hooks", gone, &[("pod_gone_ms", ms(gone))]);
+    if !problems.is_empty() {
+        eprintln!("sidecar log:\n{}\nagent log:\n{}", sidecar_lines.join("\n"), agent_lines.join("\n"));
+        panic!("{problems:#?}");
+    }
+}
+
+/// How long the scenario keeps the database refusing connections while the pods start.
+const DATABASE_DOWN_FOR: Duration = Duration::from_secs(60);
+/// Once the database is back, the pods are Ready within this: the sidecar's start-up
+/// retry (1 s), its migration and registration, the startup probe's period (2 s), the
+/// agent's start and two readiness periods, on a loaded node.
+const READY_AFTER_DATABASE_BACK: Duration = Duration::from_secs(60);
+
+async fn allow_connections(f: &Fixture, allow: bool) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&f.settings.database_url)
+        .await
+        .expect("connect as superuser");
+    let sql = format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS {allow}",
+        leasehold_e2e::database::quote_ident(f.database_name())
+    );
+    sqlx::raw_sql(&sql).execute(&mut conn).await.expect("ALTER DATABASE ... ALLOW_CONNECTIONS");
+}
+
+/// 11. The database is down (refuses every connection) for 60 s while the pods start:
+///     no pod is Ready meanwhile, no sidecar restarts (liveness and the startup probe do
+///     not depend on the database), and every pod is Ready soon after it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecar_database_down_at_pod_start() {
+    let f = Fixture::with_database("native_sidecar_database_down").await;
+    allow_connections(&f, false).await;
+    f.create_cluster(spec::spec_json(&f.settings.agent_image(), 2)).await;
+    let down = Instant::now();
+    let mut problems = Vec::new();
+    let mut seen_pods = 0;
+    while down.elapsed() < DATABASE_DOWN_FOR {
+        let pods = f.list_pods().await;
+        seen_pods = seen_pods.max(pods.len());
+        for pod in &pods {
+            if is_ready(pod) {
+                problems.push(format!("{} Ready while the database is down", pod.name_any()));
+            }
+            let l = layout(pod);
+            if l.sidecar_restarts > 0
+                || !l.waiting.iter().all(|w| w.contains("ContainerCreating") || w.contains("PodInitializing"))
+            {
+                problems.push(format!(
+                    "{} during the outage: restarts {}, waiting {:?}",
+                    pod.name_any(),
+                    l.sidecar_restarts,
+                    l.waiting
+                ));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    problems.dedup();
+    if seen_pods != 2 {
+        problems.push(format!("{seen_pods} pods created during the outage"));
+    }
+    allow_connections(&f, true).await;
+    let back = Instant::now();
+    f.wait_pods("2 Ready pods after the database is back", READY_AFTER_DATABASE_BACK, |pods| {
+        pods.len() == 2 && pods.iter().all(is_ready)
+    })
+    .await;
+    let ready_after = back.elapsed();
+    for pod in f.list_pods().await {
+        let l = layout(&pod);
+        if l.sidecar_restarts != 0 {
+            problems.push(format!("{}: the sidecar restarted {} times", pod.name_any(), l.sidecar_restarts));
+        }
+        match (l.sidecar_started, l.agent_started) {
+            (Some(s), Some(a)) if s <= a => {}
+            other => problems.push(format!("{}: start order {other:?}", pod.name_any())),
+        }
+    }
+    let client = f.client_over(Pods::Fixed(f.ready_pods().await));
+    turn_ok(&client, "after-outage", "t1", None, None).await;
+    timing("native_sidecar_database_down", ready_after, &[("ready_after_back_ms", ms(ready_after))]);
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// The operator writes `status.selector` with its first status; the HPA controller syncs
+/// every 15 s.
+const SCALE_TARGET_WITHIN: Duration = Duration::from_secs(90);
+
+/// 12. The scale subresource: `kubectl scale` (a patch of `/scale`) changes the pod count,
+///     `/scale` names the pods' selector, and an `autoscaling/v2` HorizontalPodAutoscaler
+///     resolves the AgentCluster as its scale target (no metrics server here: it can read
+///     the scale and the selector, and finds no metrics).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_subresource_and_hpa_target() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    let f = Fixture::start_with("scale_subresource_and_hpa", 1).await;
+    let started = Instant::now();
+    let clusters = f.clusters();
+    clusters
+        .patch_scale(CLUSTER, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": 2 } })))
+        .await
+        .expect("scale through /scale");
+    f.wait_ready(2).await;
+    let deadline = Instant::now() + SCALE_TARGET_WITHIN;
+    let scale = loop {
+        let scale = clusters.get_scale(CLUSTER).await.expect("GET /scale");
+        let selector = scale.status.as_ref().and_then(|s| s.selector.clone());
+        if selector.is_some() || Instant::now() > deadline {
+            break scale;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let status = scale.status.clone().unwrap_or_default();
+    assert_eq!(status.selector.as_deref(), Some("leasehold.dev/cluster=agents"), "{scale:?}");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(2));
+
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": { "name": "agents" },
+        "spec": {
+            "scaleTargetRef": { "apiVersion": "leasehold.dev/v1alpha1", "kind": "AgentCluster", "name": CLUSTER },
+            "minReplicas": 2, "maxReplicas": 3,
+            "metrics": [{ "type": "Resource", "resource": { "name": "cpu", "target": { "type": "Utilization", "averageUtilization": 80 } } }]
+        }
+    }))
+    .expect("an HPA");
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(f.client.clone(), &f.ns);
+    hpas.create(&PostParams::default(), &hpa).await.expect("create the HPA");
+    let deadline = Instant::now() + SCALE_TARGET_WITHIN;
+    let conditions = loop {
+        let hpa = hpas.get("agents").await.expect("get the HPA");
+        let conditions = hpa.status.and_then(|s| s.conditions).unwrap_or_default();
+        let reason =
+            |t: &str| conditions.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()));
+        if reason("AbleToScale").is_some() && reason("ScalingActive").is_some() || Instant::now() > deadline {
+            break conditions;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let shown: Vec<String> = conditions
+        .iter()
+        .map(|c| {
+            format!(
+                "{}={} {} {}",
+                c.type_,
+                c.status,
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    eprintln!("HPA conditions: {shown:#?}");
+    let able = conditions.iter().find(|c| c.type_ == "AbleToScale").unwrap_or_else(|| panic!("{shown:?}"));
+    assert_eq!(
+        (able.status.as_str(), able.reason.as_deref()),
+        ("True", Some("SucceededGetScale")),
+        "{shown:?}"
+    );
+    let active =
+        conditions.iter().find(|c| c.type_ == "ScalingActive").unwrap_or_else(|| panic!("{shown:?}"));
+    assert_ne!(
+        active.reason.as_deref(),
+        Some("InvalidSelector"),
+        "the HPA found the pods' selector: {shown:?}"
+    );
+    let ac = clusters.get(CLUSTER).await.expect("get the AgentCluster");
+    assert_eq!(ac.spec.replicas, 2, "the HPA without metrics changed nothing");
+    timing("scale_subresource_and_hpa", started.elapsed(), &[]);
+}

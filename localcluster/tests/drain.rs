@@ -491,3 +491,62 @@ async fn the_client_gives_up_at_the_retry_budget_of_a_draining_node() {
     assert!(directives.iter().all(|d| d == "draining"), "{directives:?}");
     assert!(support::history(&db, "refused").await.is_empty(), "nothing ran");
 }
+
+/// The agent container's preStop hook under the native-sidecar layout (a kubelet GET,
+/// which cannot sign): with the cluster's drain-hook token it starts the drain itself;
+/// with another cluster's token it only waits (and no drain starts); after the drain the
+/// sidecar runs the user's own hook moved there (a GET on the pod's loopback), which sees
+/// the pod already draining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_hook_with_the_cluster_token_drains_then_runs_the_users_hook() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = ClusterOptions { nodes: 1, ..options() };
+    let secret = options.cluster_secret.clone().expect("a secure cluster");
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    let node = &cluster.nodes[0];
+    cluster
+        .client()
+        .post("/v1/sessions/h-1/turns", json!({"text": "x"}).to_string().into(), Some(0))
+        .await
+        .unwrap();
+    let hook = |token: String, query: &str| {
+        let url = format!("{}/drained{query}", node.admin_url());
+        async move {
+            let response = reqwest::Client::new()
+                .get(url)
+                .header(leasehold_core::proof::DRAIN_HOOK_HEADER, token)
+                .send()
+                .await
+                .expect("admin port reachable");
+            (response.status().as_u16(), response.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+    let readyz = format!("{}/readyz", node.admin_url());
+
+    let (status, body) = hook(leasehold_core::proof::drain_hook_token("another-cluster"), "").await;
+    assert_eq!((status, body["error"].as_str()), (503, Some("not_drained")), "another token starts nothing");
+    assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 200, "still serving");
+
+    // The user's hook: a GET on the pod's loopback, answered with whether the pod was
+    // already draining when it arrived.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let user_hook = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = vec![0; 4096];
+        let n = socket.read(&mut request).await.unwrap();
+        let draining = reqwest::get(&readyz).await.unwrap().status() == 503;
+        socket.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n").await.unwrap();
+        (String::from_utf8_lossy(&request[..n]).lines().next().unwrap_or_default().to_owned(), draining)
+    });
+    let query = format!("?then_port={port}&then_path=%2Fflush%3Fwhy%3Dstop");
+    let (status, report) = hook(leasehold_core::proof::drain_hook_token(&secret), &query).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["handed_back"], 1, "the hook drained the pod: {report}");
+    let (request_line, draining) = user_hook.await.unwrap();
+    assert_eq!(request_line, "GET /flush?why=stop HTTP/1.1");
+    assert!(draining, "the user's hook ran after the drain had started");
+    assert_eq!(node.drained().await, (200, report), "the drain is the one drain");
+}

@@ -8,9 +8,10 @@ use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
         core::v1::{
-            Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, KeyToPath, Lifecycle,
-            LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, SecretKeySelector,
-            SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+            Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, HTTPHeader, KeyToPath,
+            Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
+            ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+            Service, ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
         },
         networking::v1::{
             NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -18,6 +19,7 @@ use k8s_openapi::{
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     },
     apimachinery::pkg::{
+        api::resource::Quantity,
         apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference},
         util::intstr::IntOrString,
     },
@@ -152,13 +154,84 @@ fn sidecar_drain_hook() -> Lifecycle {
     }
 }
 
-/// An agent container's preStop hook: wait until the sidecar has been drained (by the
-/// operator or the sidecar's own hook), so the agent gets SIGTERM only once its sessions
-/// are handed back. `GET /drained` starts nothing, so the kubelet needs no proof.
-fn agent_drained_hook() -> LifecycleHandler {
+/// Query-escape a value (RFC 3986 unreserved characters kept).
+fn query_escape(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// What the drain hook does with a user's own preStop hook on an agent container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserHook {
+    /// None: the drain hook alone.
+    None,
+    /// Carried out by the sidecar after the drain: a GET on the pod's loopback, a sleep.
+    /// The query `/drained` takes for it.
+    AfterDrain(String),
+    /// Kept as it is (an `exec` or `tcpSocket` hook, or a GET the sidecar cannot repeat
+    /// faithfully: another host, HTTPS, headers): the container does not wait for the
+    /// drain; the operator's drain on deletion and the sidecar's own hook remain.
+    Kept,
+}
+
+/// How a user's preStop hook on `container` composes with the drain.
+pub fn user_hook(container: &Container) -> UserHook {
+    let Some(hook) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) else {
+        return UserHook::None;
+    };
+    if let Some(get) = &hook.http_get {
+        let plain = get.host.as_deref().is_none_or(|h| h.is_empty())
+            && get.scheme.as_deref().is_none_or(|s| s.eq_ignore_ascii_case("HTTP"))
+            && get.http_headers.as_ref().is_none_or(Vec::is_empty);
+        let port = match &get.port {
+            IntOrString::Int(port) => Some(*port),
+            IntOrString::String(name) => container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .map(|p| p.container_port),
+        };
+        return match (plain, port, hook.exec.is_none() && hook.sleep.is_none()) {
+            (true, Some(port), true) => {
+                let path = get.path.as_deref().unwrap_or("/");
+                UserHook::AfterDrain(format!("then_port={port}&then_path={}", query_escape(path)))
+            }
+            _ => UserHook::Kept,
+        };
+    }
+    match &hook.sleep {
+        Some(sleep) if hook.exec.is_none() && hook.tcp_socket.is_none() => {
+            UserHook::AfterDrain(format!("then_sleep={}", sleep.seconds.max(0)))
+        }
+        _ => UserHook::Kept,
+    }
+}
+
+/// An agent container's preStop hook: run the drain of this pod's sidecar (with the
+/// cluster's drain-hook token; without one, wait for the operator's drain) and answer when
+/// it is done, so the agent gets SIGTERM only once its sessions are handed back; then the
+/// user's own hook, if it was moved there (`query`). The kubelet's GET needs no proof.
+fn agent_drain_hook(drain_token: Option<&str>, query: Option<&str>) -> LifecycleHandler {
+    let path = match query {
+        Some(query) => format!("/drained?{query}"),
+        None => "/drained".to_owned(),
+    };
+    let header = drain_token.map(|token| {
+        vec![HTTPHeader {
+            name: leasehold_core::proof::DRAIN_HOOK_HEADER.to_owned(),
+            value: token.to_owned(),
+        }]
+    });
     let drained = HTTPGetAction {
-        path: Some("/drained".to_owned()),
+        path: Some(path),
         port: IntOrString::Int(ADMIN_PORT),
+        http_headers: header,
         ..Default::default()
     };
     LifecycleHandler { http_get: Some(drained), ..Default::default() }
@@ -218,18 +291,30 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),
         env: Some(env_vars),
         ports: Some(vec![port("public", PUBLIC_PORT), port("peer", PEER_PORT), port("admin", ADMIN_PORT)]),
+        // A native sidecar: started (its startup probe passed) before the agent
+        // containers, stopped after them.
+        restart_policy: Some("Always".to_owned()),
+        startup_probe: Some(Probe {
+            http_get: Some(admin_get("/healthz")),
+            period_seconds: Some(STARTUP_PROBE_PERIOD_SECS),
+            failure_threshold: Some(STARTUP_PROBE_FAILURES),
+            ..Default::default()
+        }),
         readiness_probe: Some(Probe {
             http_get: Some(admin_get("/readyz")),
             period_seconds: Some(2),
             failure_threshold: Some(2),
             ..Default::default()
         }),
+        // The process serves: never the database (a Postgres outage must not restart
+        // every sidecar; readiness reports it).
         liveness_probe: Some(Probe {
             http_get: Some(admin_get("/healthz")),
-            initial_delay_seconds: Some(10),
             period_seconds: Some(10),
+            failure_threshold: Some(3),
             ..Default::default()
         }),
+        // The drain on its own stop: a backstop (the agents' hooks drain first).
         lifecycle: Some(sidecar_drain_hook()),
         volume_mounts: spec.database.ca_secret.as_ref().map(|_| {
             vec![VolumeMount {
@@ -239,8 +324,12 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
                 ..Default::default()
             }]
         }),
-        resources: s.resources.clone(),
+        resources: Some(s.resources.clone().unwrap_or_else(default_sidecar_resources)),
         security_context: Some(SecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
             run_as_non_root: Some(true),
             run_as_user: Some(65532),
             allow_privilege_escalation: Some(false),
@@ -273,6 +362,32 @@ fn postgres_ca_volume(ac: &AgentCluster) -> Option<Volume> {
     })
 }
 
+/// The sidecar's startup probe period. The sidecar serves its admin port once its boot is
+/// registered in Postgres, so "started" means the store was reached once.
+pub const STARTUP_PROBE_PERIOD_SECS: i32 = 2;
+/// Startup probe failures before the kubelet restarts the sidecar: 5 minutes for the
+/// database to be reachable at pod start (a Postgres restart or failover takes less).
+pub const STARTUP_PROBE_FAILURES: i32 = 150;
+
+/// The sidecar's resources when the spec sets none: requests for scheduling, and a memory
+/// limit (a leak is contained to one pod); no CPU limit, whose throttling would stretch
+/// drains and heartbeats.
+pub fn default_sidecar_resources() -> ResourceRequirements {
+    let quantities = |pairs: &[(&str, &str)]| {
+        Some(pairs.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect())
+    };
+    ResourceRequirements {
+        requests: quantities(&[("cpu", "50m"), ("memory", "64Mi")]),
+        limits: quantities(&[("memory", "256Mi")]),
+        ..Default::default()
+    }
+}
+
+/// The pods' label selector as text (`status.selector`, read by autoscalers).
+pub fn selector_text(ac: &AgentCluster) -> String {
+    selector(ac).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
 /// A short, stable hash of what shapes the pods.
 pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
     let spec = &ac.spec;
@@ -283,6 +398,7 @@ pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
         "database": spec.database,
         "clusterSecret": spec.cluster_secret,
         // What the sidecar reads; answerRetention is the operator's alone and rolls nothing.
+        "topologySpread": spec.topology_spread,
         "turns": {
             "multitask": spec.turns.multitask,
             "queueLimit": spec.turns.queue_limit,
@@ -294,9 +410,32 @@ pub fn template_hash(ac: &AgentCluster, image: &str) -> String {
     hex::encode(&Sha256::digest(shaping.to_string().as_bytes())[..8])
 }
 
+/// The Deployment whose agents' preStop hooks start the drain themselves (the cluster's
+/// drain-hook token in their header), stamped with the cluster secret's version.
+pub fn deployment_with_drain_token(
+    ac: &AgentCluster,
+    timings: &Timings,
+    image: &str,
+    keys: &crate::cluster_keys::ClusterKeys,
+) -> Deployment {
+    let token = leasehold_core::proof::drain_hook_token(&keys.current);
+    pod_deployment(ac, timings, image, &keys.version(), Some(&token))
+}
+
 /// `secret_version`: [`crate::cluster_keys::ClusterKeys::version`] of the cluster secret,
-/// so that changing its values rolls the pods.
+/// so that changing its values rolls the pods. The agents' hooks carry no drain-hook token
+/// (they wait for the operator's drain): see [`deployment_with_drain_token`].
 pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str, secret_version: &str) -> Deployment {
+    pod_deployment(ac, timings, image, secret_version, None)
+}
+
+fn pod_deployment(
+    ac: &AgentCluster,
+    timings: &Timings,
+    image: &str,
+    secret_version: &str,
+    drain_token: Option<&str>,
+) -> Deployment {
     let spec = &ac.spec;
     let mut template: PodTemplateSpec = spec.template.clone();
     let mut pod_meta = template.metadata.take().unwrap_or_default();
@@ -305,14 +444,35 @@ pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str, secret_vers
     annotations.insert(TEMPLATE_HASH.to_owned(), template_hash(ac, image));
     annotations.insert(SECRET_VERSION.to_owned(), secret_version.to_owned());
     let mut pod: PodSpec = template.spec.take().unwrap_or_default();
+    let mut user_sleep = 0;
     for container in &mut pod.containers {
-        container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = Some(agent_drained_hook());
+        let query = match user_hook(container) {
+            UserHook::Kept => continue,
+            UserHook::None => None,
+            UserHook::AfterDrain(query) => Some(query),
+        };
+        if let Some(sleep) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()?.sleep.as_ref()) {
+            user_sleep = user_sleep.max(sleep.seconds.max(0));
+        }
+        container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop =
+            Some(agent_drain_hook(drain_token, query.as_deref()));
     }
-    pod.containers.push(sidecar(ac, image));
+    // After the user's own init containers, before the agent containers.
+    pod.init_containers.get_or_insert_with(Vec::new).push(sidecar(ac, image));
     if let Some(volume) = postgres_ca_volume(ac) {
         pod.volumes.get_or_insert_with(Vec::new).push(volume);
     }
-    let needed = i64::try_from(timings.drain_timeout.as_secs()).unwrap_or(i64::MAX) + GRACE_MARGIN_SECS;
+    if spec.topology_spread && pod.topology_spread_constraints.as_ref().is_none_or(Vec::is_empty) {
+        pod.topology_spread_constraints = Some(vec![TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: "kubernetes.io/hostname".to_owned(),
+            when_unsatisfiable: "ScheduleAnyway".to_owned(),
+            label_selector: Some(LabelSelector { match_labels: Some(selector(ac)), ..Default::default() }),
+            ..Default::default()
+        }]);
+    }
+    let needed =
+        i64::try_from(timings.drain_timeout.as_secs()).unwrap_or(i64::MAX) + GRACE_MARGIN_SECS + user_sleep;
     pod.termination_grace_period_seconds =
         Some(pod.termination_grace_period_seconds.unwrap_or(0).max(needed));
     Deployment {
@@ -353,18 +513,29 @@ pub fn service(ac: &AgentCluster) -> Service {
     }
 }
 
-/// At most one pod disrupted voluntarily at a time: each drain hands its sessions over
-/// before the next pod goes.
-pub fn pod_disruption_budget(ac: &AgentCluster) -> PodDisruptionBudget {
-    PodDisruptionBudget {
+/// The budget of voluntary disruptions (`spec.disruptionBudget`), `None` when disabled.
+/// By default at most one pod at a time: each drain hands its sessions over before the
+/// next pod goes.
+pub fn pod_disruption_budget(ac: &AgentCluster) -> Option<PodDisruptionBudget> {
+    let budget = &ac.spec.disruption_budget;
+    if !budget.enabled {
+        return None;
+    }
+    let max_unavailable = match (&budget.max_unavailable, &budget.min_available) {
+        (Some(max), _) => Some(max.clone()),
+        (None, Some(_)) => None,
+        (None, None) => Some(IntOrString::Int(1)),
+    };
+    Some(PodDisruptionBudget {
         metadata: meta(ac, ac.name_any()),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
+            max_unavailable,
+            min_available: if budget.max_unavailable.is_some() { None } else { budget.min_available.clone() },
             selector: Some(LabelSelector { match_labels: Some(selector(ac)), ..Default::default() }),
             ..Default::default()
         }),
         status: None,
-    }
+    })
 }
 
 fn tcp(port: i32) -> NetworkPolicyPort {

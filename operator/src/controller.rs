@@ -36,6 +36,10 @@ use crate::{
 
 /// The field manager of every server-side apply.
 pub const MANAGER: &str = "leasehold-operator";
+/// The field manager of the status patches (`kubectl get --show-managed-fields`).
+pub const STATUS_MANAGER: &str = "leasehold-operator-status";
+/// The field manager of the pod-deletion-cost annotations on pods.
+pub const DELETION_COST_MANAGER: &str = "leasehold-operator-deletion-cost";
 /// The annotation the ReplicaSet controller reads to pick pods to remove on scale-down.
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Status (leases, readiness) refreshes at least this often without any event.
@@ -118,11 +122,23 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
     // Read on every reconcile: an edit of the Secret triggers one (`secret_triggers`),
     // and a changed value rolls the pods through the version annotation.
     let keys = cluster_keys(ctx, &ns, ac).await?;
-    let built = build::deployment(ac, &timings, &ctx.sidecar_image, &keys.version());
-    let deployment = apply(&ctx.api::<Deployment>(&ns), &built).await?;
-    apply(&ctx.api::<Service>(&ns), &build::service(ac)).await?;
-    apply(&ctx.api::<PodDisruptionBudget>(&ns), &build::pod_disruption_budget(ac)).await?;
-    apply(&ctx.api::<NetworkPolicy>(&ns), &build::network_policy(ac, &ctx.admin_callers)).await?;
+    let deployment = match apply_children(ctx, &ns, ac, &timings, &keys).await {
+        Ok(deployment) => deployment,
+        Err(e) => {
+            // The API server's own words (an admission webhook, a quota, a field it
+            // refuses), where `kubectl describe` and `kubectl get -o yaml` show them.
+            let message = e.api_message();
+            ctx.event(ac, EventType::Warning, "ApplyFailed", message.clone()).await;
+            let status = AgentClusterStatus {
+                conditions: conditions(ac, None, Some(("ApplyFailed", message))),
+                observed_generation: ac.metadata.generation,
+                selector: Some(build::selector_text(ac)),
+                ..ac.status.clone().unwrap_or_default()
+            };
+            patch_status(ctx, &ns, ac, &status).await?;
+            return Err(e);
+        }
+    };
 
     let pods = cluster_pods(ctx, &ns, ac).await?;
     let (leases, degraded) = match lease_counts(ctx, &ns, ac, &pods).await {
@@ -150,9 +166,36 @@ async fn reconcile_inner(ac: &AgentCluster, ctx: &Context) -> Result<Action> {
         leases: total,
         observed_generation: ac.metadata.generation,
         conditions: conditions(ac, Some(&deployment_progress(&deployment.metadata, ac, &d)), degraded),
+        selector: Some(build::selector_text(ac)),
     };
     patch_status(ctx, &ns, ac, &status).await?;
     Ok(Action::requeue(STATUS_REFRESH))
+}
+
+/// Server-side apply of every child; the Deployment as the API server returned it.
+async fn apply_children(
+    ctx: &Context,
+    ns: &str,
+    ac: &AgentCluster,
+    timings: &crate::validate::Timings,
+    keys: &ClusterKeys,
+) -> Result<Deployment> {
+    let built = build::deployment_with_drain_token(ac, timings, &ctx.sidecar_image, keys);
+    let deployment = apply(&ctx.api::<Deployment>(ns), &built).await?;
+    apply(&ctx.api::<Service>(ns), &build::service(ac)).await?;
+    let pdbs = ctx.api::<PodDisruptionBudget>(ns);
+    match build::pod_disruption_budget(ac) {
+        Some(pdb) => {
+            apply(&pdbs, &pdb).await?;
+        }
+        None => match pdbs.delete(&ac.name_any(), &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(kube("delete disruption budget")(e)),
+        },
+    }
+    apply(&ctx.api::<NetworkPolicy>(ns), &build::network_policy(ac, &ctx.admin_callers)).await?;
+    Ok(deployment)
 }
 
 /// Readiness facts for the conditions.
@@ -230,7 +273,9 @@ pub fn conditions(
 async fn patch_status(ctx: &Context, ns: &str, ac: &AgentCluster, status: &AgentClusterStatus) -> Result<()> {
     let api = ctx.api::<AgentCluster>(ns);
     let patch = Patch::Merge(json!({ "status": status }));
-    api.patch_status(&ac.name_any(), &PatchParams::default(), &patch).await.map_err(kube("patch status"))?;
+    api.patch_status(&ac.name_any(), &PatchParams::apply(STATUS_MANAGER), &patch)
+        .await
+        .map_err(kube("patch status"))?;
     Ok(())
 }
 
@@ -391,7 +436,7 @@ async fn set_deletion_costs(
             continue;
         }
         let patch = Patch::Merge(json!({ "metadata": { "annotations": { DELETION_COST: cost } } }));
-        api.patch(&pod.name_any(), &PatchParams::default(), &patch)
+        api.patch(&pod.name_any(), &PatchParams::apply(DELETION_COST_MANAGER), &patch)
             .await
             .map_err(kube("set pod-deletion-cost"))?;
     }

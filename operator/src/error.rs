@@ -54,6 +54,27 @@ pub fn one_line(error: &dyn std::error::Error) -> String {
     line
 }
 
+impl Error {
+    /// What to tell a user: for a refused API call, the call and the API server's own
+    /// message (its reason and code too); otherwise the error with its causes.
+    pub fn api_message(&self) -> String {
+        match self {
+            Error::Kube { context, source: kube::Error::Api(status) } => {
+                format!("{context}: {} ({}, {})", status.message, status.reason, status.code)
+            }
+            other => {
+                let mut text = other.to_string();
+                let mut source = std::error::Error::source(other);
+                while let Some(cause) = source {
+                    text.push_str(&format!(": {cause}"));
+                    source = cause.source();
+                }
+                text
+            }
+        }
+    }
+}
+
 /// Attach the call's description to a kube error.
 pub fn kube(context: &'static str) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { context, source }

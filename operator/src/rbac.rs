@@ -5,14 +5,15 @@
 pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     // The controller lists and watches clusters; the pod watcher gets a pod's cluster.
     ("leasehold.dev", "agentclusters", &["get", "list", "watch"]),
-    // Status is written with a merge patch.
+    // Status is written with a merge patch (field manager `leasehold-operator-status`).
     ("leasehold.dev", "agentclusters/status", &["patch"]),
     // Children carry blockOwnerDeletion owner references to their cluster.
     ("leasehold.dev", "agentclusters/finalizers", &["update"]),
     // Children are server-side applied (create + patch) and watched (`owns`).
     ("apps", "deployments", &["list", "watch", "create", "patch"]),
     ("", "services", &["list", "watch", "create", "patch"]),
-    ("policy", "poddisruptionbudgets", &["list", "watch", "create", "patch"]),
+    // A budget is deleted when `spec.disruptionBudget.enabled` turns false.
+    ("policy", "poddisruptionbudgets", &["list", "watch", "create", "patch", "delete"]),
     ("networking.k8s.io", "networkpolicies", &["list", "watch", "create", "patch"]),
     // The database URL and the cluster secret are read; the cluster secret is created once
     // if absent; Secrets are watched (metadata only) so an edit of one a cluster names is

@@ -81,6 +81,9 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("building the drain client: {e}"))?,
     });
     let config = watcher::Config::default();
+    // Children are watched by the label the operator puts on each: the API server sends
+    // only the operator's own objects, not every Deployment and Service in the cluster.
+    let owned = watcher::Config::default().labels(crate::build::CLUSTER_LABEL);
     let lease_changes = ctx.stores.lease_changes(LEASE_CHANGES_COALESCE);
     let controller = Controller::new(api::<AgentCluster>(&client, ns), config.clone());
     // Secrets are watched by their metadata only (an `Api` of `PartialObjectMeta` asks
@@ -91,10 +94,10 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
             let (namespace, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
             secret_users(clusters.state().iter().map(|ac| ac.as_ref()), &namespace, &name)
         })
-        .owns(api::<Deployment>(&client, ns), config.clone())
-        .owns(api::<Service>(&client, ns), config.clone())
-        .owns(api::<PodDisruptionBudget>(&client, ns), config.clone())
-        .owns(api::<NetworkPolicy>(&client, ns), config)
+        .owns(api::<Deployment>(&client, ns), owned.clone())
+        .owns(api::<Service>(&client, ns), owned.clone())
+        .owns(api::<PodDisruptionBudget>(&client, ns), owned.clone())
+        .owns(api::<NetworkPolicy>(&client, ns), owned)
         .reconcile_all_on(lease_changes)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx.clone())

@@ -21,7 +21,7 @@ fn fixture(name: &str) -> AgentCluster {
 
 fn sidecar_of(d: &k8s_openapi::api::apps::v1::Deployment) -> Container {
     let pod = d.spec.template.spec.as_ref().unwrap();
-    pod.containers.iter().find(|c| c.name == SIDECAR_CONTAINER).unwrap().clone()
+    pod.init_containers.iter().flatten().find(|c| c.name == SIDECAR_CONTAINER).unwrap().clone()
 }
 
 fn env_value(c: &Container, name: &str) -> Option<String> {
@@ -78,13 +78,16 @@ fn the_deployment_injects_the_sidecar_and_drain_hooks() {
     let after_drain = leasehold_core::lifecycle::MAX_EXIT_AFTER_DRAIN;
     assert!(after_drain.as_secs_f64() < build::GRACE_MARGIN_SECS as f64, "{after_drain:?}");
     let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["agent", SIDECAR_CONTAINER]);
-    // The agent waits for the drain (GET /drained starts nothing); the sidecar drains
-    // itself with the signed drain command.
+    assert_eq!(names, ["agent"], "the sidecar is not a regular container");
+    let init: Vec<_> = pod.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(init, [SIDECAR_CONTAINER], "a native sidecar");
+    // The agent waits for the drain (without a token, GET /drained starts nothing); the
+    // sidecar drains itself with the signed drain command when it stops.
     let pre_stop = |c: &k8s_openapi::api::core::v1::Container| c.lifecycle.clone().unwrap().pre_stop.unwrap();
     let hook = pre_stop(&pod.containers[0]).http_get.unwrap();
     assert_eq!((hook.path.as_deref(), &hook.port), (Some("/drained"), &IntOrString::Int(9090)));
-    let sidecar = &pod.containers[1];
+    assert_eq!(hook.http_headers, None, "no drain-hook token without the cluster keys");
+    let sidecar = &pod.init_containers.as_ref().unwrap()[0];
     let command = pre_stop(sidecar).exec.unwrap().command.unwrap();
     assert_eq!(command, [build::SIDECAR_BINARY, "drain"]);
     assert_eq!(sidecar.image.as_deref(), Some("leasehold/sidecar:9.9"), "the spec's image wins");
@@ -172,7 +175,7 @@ fn existing_hooks_grace_and_named_secrets_are_respected() {
     assert!(worker.lifecycle.as_ref().unwrap().post_start.is_some(), "the user's postStart hook is kept");
     assert!(worker.lifecycle.as_ref().unwrap().pre_stop.is_some());
     assert!(pod.containers[1].lifecycle.as_ref().unwrap().pre_stop.is_some(), "every agent container");
-    let sidecar = pod.containers.iter().find(|c| c.name == SIDECAR_CONTAINER).unwrap();
+    let sidecar = &sidecar_of(&d);
     assert_eq!(sidecar.image.as_deref(), Some(IMAGE), "the operator's default image");
     let db = env(sidecar, "DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!((db.name.as_str(), db.key.as_str()), ("pg", "URL"));
@@ -195,8 +198,8 @@ fn service_pdb_and_network_policy() {
     assert_eq!((port.port, &port.target_port), (443, &Some(IntOrString::String("public".into()))));
     assert_eq!(svc.selector.as_ref().unwrap().get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
 
-    let pdb = build::pod_disruption_budget(&ac).spec.unwrap();
-    assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+    let pdb = build::pod_disruption_budget(&ac).unwrap().spec.unwrap();
+    assert_eq!((pdb.max_unavailable, pdb.min_available), (Some(IntOrString::Int(1)), None));
 
     let callers = build::AdminCallers { operator_namespace: "leasehold-system".into(), ..Default::default() };
     let np = build::network_policy(&ac, &callers).spec.unwrap();
@@ -470,4 +473,150 @@ fn the_database_ca_secret_is_mounted_read_only_into_the_sidecar_and_named_by_pgs
         d.spec.template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()[TEMPLATE_HASH].clone()
     };
     assert_ne!(hash(&plain), hash(&d), "adding the CA rolls the pods");
+}
+
+fn pod_of(d: &k8s_openapi::api::apps::v1::Deployment) -> &k8s_openapi::api::core::v1::PodSpec {
+    d.spec.template.spec.as_ref().unwrap()
+}
+
+fn pre_stop(c: &Container) -> k8s_openapi::api::core::v1::LifecycleHandler {
+    c.lifecycle.clone().unwrap().pre_stop.unwrap()
+}
+
+/// The native-sidecar layout: an init container with `restartPolicy: Always` after the
+/// user's own init containers, a startup probe, a liveness probe that never asks the
+/// database (readiness does), default resources with a memory limit, a RuntimeDefault
+/// seccomp profile, and the agents' hooks starting the drain with the cluster's token.
+#[test]
+fn the_sidecar_is_a_native_sidecar_started_first_and_stopped_last() {
+    let mut ac = fixture("basic.yaml");
+    let template = ac.spec.template.spec.as_mut().unwrap();
+    template.init_containers = Some(vec![Container {
+        name: "setup".into(),
+        image: Some("example/setup".into()),
+        ..Default::default()
+    }]);
+    let timings = validate(&ac.spec).unwrap();
+    let keys = ClusterKeys::new("the-secret".into(), None);
+    let d = build::deployment_with_drain_token(&ac, &timings, IMAGE, &keys);
+    let pod = pod_of(&d);
+    let init: Vec<_> = pod.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(init, ["setup", SIDECAR_CONTAINER], "after the user's init containers");
+    let sidecar = sidecar_of(&d);
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    let startup = sidecar.startup_probe.as_ref().unwrap();
+    assert_eq!(startup.http_get.as_ref().unwrap().path.as_deref(), Some("/healthz"));
+    let budget = startup.period_seconds.unwrap() * startup.failure_threshold.unwrap();
+    assert!(budget >= 120, "the database may be down for minutes at pod start: {budget} s");
+    let live = sidecar.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    assert_eq!(live.path.as_deref(), Some("/healthz"), "liveness never depends on the database");
+    let ready = sidecar.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
+    let resources = sidecar.resources.as_ref().unwrap();
+    let requests = resources.requests.as_ref().unwrap();
+    assert!(requests.contains_key("cpu") && requests.contains_key("memory"), "{requests:?}");
+    assert_eq!(resources.limits.as_ref().unwrap()["memory"].0, "256Mi");
+    assert!(!resources.limits.as_ref().unwrap().contains_key("cpu"), "no CPU throttling of drains");
+    let security = sidecar.security_context.as_ref().unwrap();
+    assert_eq!(security.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    assert_eq!(security.capabilities.as_ref().unwrap().drop, Some(vec!["ALL".to_owned()]));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    // The agent's hook starts the drain: the token of the current secret, in a header.
+    let hook = pre_stop(&pod.containers[0]).http_get.unwrap();
+    let headers = hook.http_headers.unwrap();
+    assert_eq!(headers[0].name, leasehold_core::proof::DRAIN_HOOK_HEADER);
+    assert_eq!(headers[0].value, leasehold_core::proof::drain_hook_token("the-secret"));
+    assert!(!headers[0].value.contains("the-secret"));
+    // The spec's resources replace the default.
+    let mut sized = ac.clone();
+    sized.spec.sidecar.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: Some(
+            [("memory".to_owned(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()))]
+                .into(),
+        ),
+        ..Default::default()
+    });
+    let sized = sidecar_of(&build::deployment(&sized, &timings, IMAGE, VERSION));
+    assert_eq!(sized.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0, "1Gi");
+    assert_eq!(sized.resources.as_ref().unwrap().requests, None);
+}
+
+/// A user's own preStop hook is kept: a GET on the agent's port or a sleep runs after the
+/// drain (the sidecar carries it out, the grace period grows by the sleep); an exec hook
+/// stays on its container as it is.
+#[test]
+fn a_users_pre_stop_hook_runs_after_the_drain_or_is_kept() {
+    use k8s_openapi::api::core::v1::{
+        ContainerPort, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, SleepAction,
+    };
+    let mut ac = fixture("basic.yaml");
+    let hooked = |name: &str, hook: LifecycleHandler, ports: Option<Vec<ContainerPort>>| Container {
+        name: name.into(),
+        image: Some("example/agent".into()),
+        ports,
+        lifecycle: Some(Lifecycle { pre_stop: Some(hook), ..Default::default() }),
+        ..Default::default()
+    };
+    let get = LifecycleHandler {
+        http_get: Some(HTTPGetAction {
+            path: Some("/flush?why=stop now".into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let port = ContainerPort { name: Some("http".into()), container_port: 3000, ..Default::default() };
+    let sleep = LifecycleHandler { sleep: Some(SleepAction { seconds: 7 }), ..Default::default() };
+    let exec = LifecycleHandler {
+        exec: Some(ExecAction { command: Some(vec!["/bin/flush".into()]) }),
+        ..Default::default()
+    };
+    ac.spec.template.spec.as_mut().unwrap().containers = vec![
+        hooked("getter", get, Some(vec![port])),
+        hooked("sleeper", sleep, None),
+        hooked("execer", exec.clone(), None),
+    ];
+    let timings = validate(&ac.spec).unwrap();
+    let d = build::deployment(&ac, &timings, IMAGE, VERSION);
+    let pod = pod_of(&d);
+    let path = |c: &Container| pre_stop(c).http_get.unwrap().path.unwrap();
+    assert_eq!(path(&pod.containers[0]), "/drained?then_port=3000&then_path=%2Fflush%3Fwhy%3Dstop%20now");
+    assert_eq!(path(&pod.containers[1]), "/drained?then_sleep=7");
+    assert_eq!(pre_stop(&pod.containers[2]), exec, "an exec hook is kept as it is");
+    assert_eq!(
+        pod.termination_grace_period_seconds,
+        Some(25 + build::GRACE_MARGIN_SECS + 7),
+        "the grace period covers the drain and the user's sleep"
+    );
+    assert_eq!(build::user_hook(&pod.containers[2]), build::UserHook::Kept);
+}
+
+#[test]
+fn topology_spread_and_the_disruption_budget_follow_the_spec() {
+    let mut ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let plain = build::deployment(&ac, &timings, IMAGE, VERSION);
+    assert_eq!(pod_of(&plain).topology_spread_constraints, None, "no spread unless asked");
+    ac.spec.topology_spread = true;
+    let spread = build::deployment(&ac, &timings, IMAGE, VERSION);
+    let constraint = &pod_of(&spread).topology_spread_constraints.as_ref().unwrap()[0];
+    assert_eq!(constraint.topology_key, "kubernetes.io/hostname");
+    assert_eq!((constraint.max_skew, constraint.when_unsatisfiable.as_str()), (1, "ScheduleAnyway"));
+    let selector = constraint.label_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+    assert_eq!(selector.get(CLUSTER_LABEL).map(String::as_str), Some("chat"));
+    let hash = |d: &k8s_openapi::api::apps::v1::Deployment| {
+        d.spec.template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()[TEMPLATE_HASH].clone()
+    };
+    assert_ne!(hash(&plain), hash(&spread), "turning the spread on rolls the pods");
+
+    ac.spec.disruption_budget.min_available = Some(IntOrString::String("50%".into()));
+    let pdb = build::pod_disruption_budget(&ac).unwrap().spec.unwrap();
+    assert_eq!((pdb.max_unavailable, pdb.min_available), (None, Some(IntOrString::String("50%".into()))));
+    ac.spec.disruption_budget.min_available = None;
+    ac.spec.disruption_budget.max_unavailable = Some(IntOrString::Int(2));
+    let pdb = build::pod_disruption_budget(&ac).unwrap().spec.unwrap();
+    assert_eq!((pdb.max_unavailable, pdb.min_available), (Some(IntOrString::Int(2)), None));
+    ac.spec.disruption_budget.enabled = false;
+    assert!(build::pod_disruption_budget(&ac).is_none());
+    assert_eq!(build::selector_text(&ac), "leasehold.dev/cluster=chat");
 }

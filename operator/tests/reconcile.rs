@@ -61,6 +61,8 @@ struct FakeApi {
     /// The value of the cluster secret the operator created here, read back like the
     /// API server would.
     created_secret: Arc<Mutex<Option<String>>>,
+    /// When set, the API server refuses the Deployment's apply with this message (422).
+    refuse_deployment: Option<String>,
 }
 
 fn respond(status: u16, body: &Value) -> Response<Body> {
@@ -103,6 +105,11 @@ impl FakeApi {
                     json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"chat-db"},"data":{"DATABASE_URL": url}}),
                 )
             }
+            ("PATCH", p) if p.contains("/deployments/") && self.refuse_deployment.is_some() => (
+                422,
+                json!({"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Invalid","code":422,
+                       "message": self.refuse_deployment.clone()}),
+            ),
             ("PATCH", p) if p.contains("/deployments/") => {
                 let mut d = call.body.clone();
                 d["metadata"]["generation"] = json!(1);
@@ -226,6 +233,7 @@ fn fake(database_url: &str, pods: Vec<Value>) -> FakeApi {
         pods,
         cluster_secret: None,
         created_secret: Arc::default(),
+        refuse_deployment: None,
     }
 }
 
@@ -404,6 +412,54 @@ async fn a_new_cluster_gets_every_child_and_a_status_from_postgres() {
         .collect();
     assert!(costs.iter().any(|(p, v)| p.contains("/pods/chat-0") && v == "2"), "{costs:?}");
     assert!(costs.iter().any(|(p, v)| p.contains("/pods/chat-1") && v == "0"), "{costs:?}");
+}
+
+/// The status carries the pods' selector (for the scale subresource) and is patched, like
+/// the deletion costs, under a field manager of its own.
+#[tokio::test]
+async fn status_and_deletion_cost_patches_are_managed_and_name_the_selector() {
+    let db = database().await;
+    let fake = fake(&db, vec![pod("chat-0", json!({}))]);
+    let ac: AgentCluster = serde_json::from_value(fake.cluster.clone()).unwrap();
+    reconcile(Arc::new(ac), context(&fake)).await.unwrap();
+    let calls = fake.calls();
+    let status = patches(&calls, "/agentclusters/chat/status")[0];
+    assert!(status.path.contains("fieldManager=leasehold-operator-status"), "{}", status.path);
+    assert_eq!(status.body["status"]["selector"], "leasehold.dev/cluster=chat");
+    let cost = patches(&calls, "/pods/chat-0")[0];
+    assert!(cost.path.contains("fieldManager=leasehold-operator-deletion-cost"), "{}", cost.path);
+}
+
+/// An apply the API server refuses becomes a Warning event and a `Degraded` condition,
+/// both with the API server's message; the reconcile fails (and is retried).
+#[tokio::test]
+async fn a_refused_apply_is_an_event_and_a_degraded_condition_with_the_servers_message() {
+    const REFUSAL: &str = "admission webhook \"policy.example\" denied the request: no latest tags";
+    let db = database().await;
+    let mut fake = fake(&db, vec![]);
+    fake.cluster_secret = Some("s".into());
+    fake.refuse_deployment = Some(REFUSAL.to_owned());
+    let ac: AgentCluster = serde_json::from_value(fake.cluster.clone()).unwrap();
+    let result = reconcile(Arc::new(ac), context(&fake)).await;
+    assert!(result.is_err(), "the reconcile fails, so it is retried");
+    let calls = fake.calls();
+    let status = &patches(&calls, "/agentclusters/chat/status")[0].body["status"];
+    let degraded = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Degraded").unwrap();
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("ApplyFailed"))
+    );
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains("denied the request: no latest tags"), "{message}");
+    let event = calls
+        .iter()
+        .find(|c| {
+            c.method == "POST" && c.path.contains("/events") && c.body.to_string().contains("ApplyFailed")
+        })
+        .expect("an ApplyFailed event");
+    assert!(event.body.to_string().contains("no latest tags"), "{}", event.body);
+    assert_eq!(event.body["type"], "Warning");
+    assert!(patches(&calls, "/services/chat").is_empty(), "nothing applied after the refusal");
 }
 
 #[tokio::test]

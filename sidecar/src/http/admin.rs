@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use axum::{
-    extract::{Request, State},
+    extract::{Query, Request, State},
     http::{HeaderMap, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
@@ -99,13 +99,62 @@ async fn leases(State(app): State<Admin>) -> Response {
 }
 
 /// For an agent container's preStop hook (a kubelet `httpGet`, which cannot carry a
-/// proof): wait for the drain that the operator or the sidecar's own hook starts, and
-/// answer when it is done. Starts nothing, so it needs no proof.
-async fn drained(State(app): State<Admin>) -> Response {
-    match app.drain.wait_done(DRAIN_START_WAIT).await {
-        Some(Ok(report)) => Json(report).into_response(),
-        Some(Err(e)) => reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string()),
-        None => reply::error(StatusCode::SERVICE_UNAVAILABLE, "not_drained", None),
+/// proof): answer when the drain is done. With the cluster's drain-hook token
+/// ([`leasehold_core::proof::DRAIN_HOOK_HEADER`]) it starts the drain itself (a native
+/// sidecar's own preStop runs only after the agent has stopped); without it, it waits
+/// for the drain the operator starts. Then it runs the user's own preStop hook that the
+/// operator moved here (`then_port` + `then_path`: a GET on the agent's port;
+/// `then_sleep`: seconds), so that hook still runs, after the drain.
+async fn drained(State(app): State<Admin>, headers: HeaderMap, Query(then): Query<Then>) -> Response {
+    let token = headers.get(leasehold_core::proof::DRAIN_HOOK_HEADER).and_then(|v| v.to_str().ok());
+    let done = match token {
+        Some(token) if app.auth.accepts_drain_hook(token) => Some(app.drain.run().await),
+        _ => app.drain.wait_done(DRAIN_START_WAIT).await,
+    };
+    let user_hook = then.run().await;
+    match (done, user_hook) {
+        (Some(Ok(report)), Ok(())) => Json(report).into_response(),
+        (Some(Ok(_)), Err(e)) => reply::error(StatusCode::BAD_GATEWAY, "prestop_hook_failed", e),
+        (Some(Err(e)), _) => reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string()),
+        (None, _) => reply::error(StatusCode::SERVICE_UNAVAILABLE, "not_drained", None),
+    }
+}
+
+/// A user's preStop hook that runs after the drain (see [`drained`]).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct Then {
+    /// Port of a GET on this pod's loopback (the agent's own hook).
+    then_port: Option<u16>,
+    /// Path (and query) of that GET.
+    then_path: Option<String>,
+    /// Seconds to sleep (a `sleep` hook).
+    then_sleep: Option<u64>,
+}
+
+/// A user's GET hook may take this long; the pod's grace period bounds it anyway.
+const USER_HOOK_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest `sleep` hook carried out, as Kubernetes' own bound on a grace period is
+/// the only other one.
+const USER_SLEEP_MAX: Duration = Duration::from_secs(3600);
+
+impl Then {
+    async fn run(&self) -> Result<(), String> {
+        if let Some(port) = self.then_port {
+            let path = self.then_path.as_deref().unwrap_or("/");
+            let path = if path.starts_with('/') { path.to_owned() } else { format!("/{path}") };
+            let url = format!("http://127.0.0.1:{port}{path}");
+            let client = reqwest::Client::new();
+            let response = client.get(&url).timeout(USER_HOOK_TIMEOUT).send().await;
+            match response {
+                Ok(r) if r.status().is_success() || r.status().is_redirection() => {}
+                Ok(r) => return Err(format!("GET {url}: {}", r.status())),
+                Err(e) => return Err(format!("GET {url}: {e}")),
+            }
+        }
+        if let Some(seconds) = self.then_sleep {
+            tokio::time::sleep(Duration::from_secs(seconds).min(USER_SLEEP_MAX)).await;
+        }
+        Ok(())
     }
 }
 
