@@ -1,7 +1,8 @@
 //! One scenario's world: its own namespace, its own database, a Secret with the pods'
-//! database URL and an AgentCluster of the demo agent. On drop: a failure (panic) dumps
-//! the namespace's state to stderr; then the namespace is deleted and the database
-//! dropped (set `LEASEHOLD_E2E_KEEP=1` to keep them after a failure).
+//! database URL and an AgentCluster of the demo agent (or of another agent container).
+//! On drop: a failure (panic) dumps the namespace's state to stderr; then the namespace
+//! is deleted and the database dropped (set `LEASEHOLD_E2E_KEEP=1` to keep them after a
+//! failure).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -115,6 +116,13 @@ impl Fixture {
 
     /// The full world with an AgentCluster of `replicas` pods, all Ready.
     pub async fn start_with(scenario: &str, replicas: usize) -> Fixture {
+        let agent = spec::agent_container(&Settings::from_env().agent_image(), &[]);
+        Fixture::start_with_agent(scenario, replicas, agent).await
+    }
+
+    /// The full world with an AgentCluster of `replicas` pods whose agent container is
+    /// `agent` (JSON, see `spec::agent_container`), all Ready.
+    pub async fn start_with_agent(scenario: &str, replicas: usize, agent: serde_json::Value) -> Fixture {
         let mut f = Fixture::namespace(scenario).await;
         let db_name = f.ns.clone();
         let owner = database::url_user(&f.settings.pod_database_url);
@@ -138,7 +146,7 @@ impl Fixture {
             .await
             .expect("create the database Secret");
         let count = i32::try_from(replicas).expect("a replica count");
-        let ac = spec::agent_cluster(CLUSTER, spec::spec_json(&f.settings.agent_image(), count));
+        let ac = spec::agent_cluster(CLUSTER, spec::spec_json_with(agent, count));
         f.clusters().create(&PostParams::default(), &ac).await.expect("create the AgentCluster");
         let started = Instant::now();
         f.wait_pods(&format!("{replicas} Ready pods"), START_TIMEOUT, |pods| {
