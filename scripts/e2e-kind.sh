@@ -4,7 +4,8 @@
 #   1. kind cluster `leasehold-e2e` from e2e/kind/cluster.yaml (reused if it exists);
 #      its kubeconfig goes to target/e2e-kind/kubeconfig, ~/.kube/config is untouched
 #   2. docker build docker/{sidecar,operator,demo-agent}.Dockerfile as
-#      docker.io/leasehold/<name>:e2e and `kind load docker-image` each
+#      docker.io/leasehold/<name>:e2e, and sdk/python (the Python reference agent) as
+#      docker.io/leasehold/python-agent:e2e, and `kind load docker-image` each
 #   3. Postgres 15 as container leasehold-e2e-pg on the `kind` network, published on
 #      127.0.0.1:55432 for the tests, reached by pods as leasehold-e2e-pg:5432
 #   4. cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1
@@ -51,6 +52,8 @@ for img in sidecar operator demo-agent; do
   docker build -f "docker/$img.Dockerfile" -t "docker.io/leasehold/$img:$tag" .
   kind load docker-image --name "$cluster" "docker.io/leasehold/$img:$tag"
 done
+docker build -t "docker.io/leasehold/python-agent:$tag" sdk/python
+kind load docker-image --name "$cluster" "docker.io/leasehold/python-agent:$tag"
 
 docker rm -f "$pg" >/dev/null 2>&1 || true
 docker run -d --name "$pg" --network kind -e POSTGRES_PASSWORD="$pg_password" \

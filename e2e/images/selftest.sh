@@ -2,8 +2,10 @@
 # Proves the e2e image archives load and run without Docker: builds them (build.sh),
 # starts a PRIVATE containerd (root, state and socket in a temp dir; no other containerd
 # is touched), imports every archive into namespace k8s.io, lists them, runs
-# `leasehold-demo-agent --help` and `leasehold-sidecar --help` in containers, and checks
-# that the pause container exits 0 on SIGTERM. Everything it starts is stopped by PID on
+# `leasehold-demo-agent --help` and `leasehold-sidecar --help` in containers, starts the
+# Python reference agent (python-agent, host network, its own entrypoint) and checks that
+# its handler answers a malformed turn, and checks that the pause container exits 0 on
+# SIGTERM. Everything it starts is stopped by PID on
 # exit (trap), its mounts are unmounted and the temp dir removed.
 # usage: e2e/images/selftest.sh [OUTDIR]   (default: target/e2e-images)
 # Needs root, containerd, ctr, runc, plus what build.sh needs.
@@ -82,11 +84,11 @@ done
 ctr --address "$sock" version >/dev/null || { echo "selftest: containerd did not answer on $sock" >&2; exit 1; }
 echo "selftest: private containerd pid $ctrd_pid on $sock"
 
-for img in sidecar operator demo-agent pause; do
+for img in sidecar operator demo-agent pause python-agent; do
   ctr_ images import "$out/$img.tar"
 done
 ctr_ images ls
-for img in sidecar operator demo-agent pause; do
+for img in sidecar operator demo-agent pause python-agent; do
   ctr_ images ls -q | grep -qx "docker.io/leasehold/$img:$tag" ||
     { echo "selftest: docker.io/leasehold/$img:$tag not registered by import" >&2; exit 1; }
 done
@@ -98,6 +100,27 @@ timeout 60 "${ctr_[@]}" run --rm "docker.io/leasehold/sidecar:$tag" "$id-s" sh -
   { echo "selftest: the sidecar image unexpectedly has a shell" >&2; exit 1; }
 help=$(timeout 60 "${ctr_[@]}" run --rm "docker.io/leasehold/sidecar:$tag" "$id-s" /usr/local/bin/leasehold-sidecar --help)
 sed -n 1,3p <<<"$help"
+
+echo "--- python-agent: the reference agent answers (in a container, host network)"
+# The image's entrypoint (the interpreter and demo_agent.py); DEMO_AGENT_LISTEN sets
+# where it listens. Without a sidecar, a turn whose body is not JSON is refused by the
+# agent's own handler (400 malformed_json), which proves the stack under it runs.
+py_port=$((20000 + $$ % 20000))
+ctr_ run -d --net-host --env "DEMO_AGENT_LISTEN=127.0.0.1:$py_port" "docker.io/leasehold/python-agent:$tag" "$id-py" >/dev/null
+answer=
+for _ in $(seq 100); do
+  answer=$(curl -s -X POST -H 'Leasehold-Epoch: 1' --data 'not json' "http://127.0.0.1:$py_port/sessions/s/turns") && break
+  sleep 0.2
+done
+echo "$answer"
+[[ $answer == *'"error":"malformed_json"'* ]] || { echo "selftest: the Python agent did not answer as expected: $answer" >&2; exit 1; }
+ctr_ tasks kill -s SIGKILL "$id-py"
+for _ in $(seq 50); do
+  [[ $(ctr_ tasks ls | awk -v c="$id-py" '$1 == c { print $3 }') == STOPPED ]] && break
+  sleep 0.2
+done
+ctr_ tasks delete "$id-py" >/dev/null
+ctr_ containers rm "$id-py"
 
 echo "--- pause: SIGTERM exits 0"
 ctr_ run -d "docker.io/leasehold/pause:$tag" "$id-p" >/dev/null

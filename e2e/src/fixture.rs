@@ -1,7 +1,8 @@
 //! One scenario's world: its own namespace, its own database, a Secret with the pods'
-//! database URL and an AgentCluster of the demo agent. On drop: a failure (panic) dumps
-//! the namespace's state to stderr; then the namespace is deleted and the database
-//! dropped (set `LEASEHOLD_E2E_KEEP=1` to keep them after a failure).
+//! database URL and an AgentCluster of the demo agent (or of another agent container).
+//! On drop: a failure (panic) dumps the namespace's state to stderr; then the namespace
+//! is deleted and the database dropped (set `LEASEHOLD_E2E_KEEP=1` to keep them after a
+//! failure).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -115,9 +116,16 @@ impl Fixture {
 
     /// The full world with an AgentCluster of `replicas` pods, all Ready.
     pub async fn start_with(scenario: &str, replicas: usize) -> Fixture {
+        let agent = spec::agent_container(&Settings::from_env().agent_image(), &[]);
+        Fixture::start_with_agent(scenario, replicas, agent).await
+    }
+
+    /// The full world with an AgentCluster of `replicas` pods whose agent container is
+    /// `agent` (JSON, see `spec::agent_container`), all Ready.
+    pub async fn start_with_agent(scenario: &str, replicas: usize, agent: serde_json::Value) -> Fixture {
         let f = Fixture::with_database(scenario).await;
         let count = i32::try_from(replicas).expect("a replica count");
-        f.create_cluster(spec::spec_json(&f.settings.agent_image(), count)).await;
+        f.create_cluster(spec::spec_json_with(agent, count)).await;
         f.wait_ready(replicas).await;
         f
     }

@@ -11,7 +11,8 @@ pub struct Settings {
     pub database_url: String,
     /// The same server as pods reach it, without a database name.
     pub pod_database_url: String,
-    /// Tag of `leasehold/{operator,sidecar,demo-agent}`, present on the nodes already.
+    /// Tag of `leasehold/{operator,sidecar,demo-agent,python-agent}`, present on the
+    /// nodes already.
     pub image_tag: String,
     /// The Helm chart to install.
     pub chart: PathBuf,
@@ -83,6 +84,11 @@ impl Settings {
     pub fn agent_image(&self) -> String {
         format!("leasehold/demo-agent:{}", self.image_tag)
     }
+
+    /// The Python reference agent (`sdk/python/examples/demo_agent.py`).
+    pub fn python_agent_image(&self) -> String {
+        format!("leasehold/python-agent:{}", self.image_tag)
+    }
 }
 
 #[cfg(test)]
@@ -112,6 +118,7 @@ mod tests {
         assert_eq!(s.operator_bin, None);
         assert_eq!(s.pod_database_url, "postgres://leasehold:pw@10.88.0.1:5432", "trailing slash dropped");
         assert_eq!(s.sidecar_image(), "leasehold/sidecar:e2e");
+        assert_eq!(s.python_agent_image(), "leasehold/python-agent:e2e");
     }
 
     #[test]

@@ -36,11 +36,33 @@ pub fn agent_container(image: &str, env: &[(&str, &str)]) -> serde_json::Value {
     })
 }
 
+/// The Python reference agent's container (`leasehold/python-agent`): the demo agent's,
+/// plus the readiness probe docs/agents-python.md asks for. The interpreter takes about
+/// a second to start and the sidecar is Ready at once, so without it a pod would be
+/// Ready (and an old pod drained) before its agent accepts connections. The image puts
+/// `python3` on PATH; the probe runs every second so a rollout does not wait for it.
+pub fn python_agent_container(image: &str, env: &[(&str, &str)]) -> serde_json::Value {
+    let mut container = agent_container(image, env);
+    container["readinessProbe"] = json!({
+        "exec": { "command": [
+            "python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 3000), 1).close()"
+        ] },
+        "periodSeconds": 1,
+        "timeoutSeconds": 5,
+    });
+    container
+}
+
 /// The spec as JSON (tests of the CEL rules edit it before sending).
 pub fn spec_json(agent_image: &str, replicas: i32) -> serde_json::Value {
+    spec_json_with(agent_container(agent_image, &[]), replicas)
+}
+
+/// The spec as JSON, with `agent` as the pod's one container.
+pub fn spec_json_with(agent: serde_json::Value, replicas: i32) -> serde_json::Value {
     json!({
         "replicas": replicas,
-        "template": { "spec": { "containers": [agent_container(agent_image, &[])] } },
+        "template": { "spec": { "containers": [agent] } },
         "agentPort": 3000,
         "sidecar": {
             "leaseTtl": format!("{}s", LEASE_TTL.as_secs()),
@@ -82,6 +104,17 @@ mod tests {
 
     fn humantime_secs(s: &str) -> u64 {
         s.trim_end_matches('s').parse().unwrap()
+    }
+
+    #[test]
+    fn the_python_agent_is_probed_on_its_port() {
+        let ac = agent_cluster("agents", spec_json_with(python_agent_container("py", &[]), 3));
+        let pod = ac.spec.template.spec.unwrap();
+        let probe = pod.containers[0].readiness_probe.clone().expect("a readiness probe");
+        let command = probe.exec.and_then(|e| e.command).expect("an exec probe");
+        assert_eq!(command[0], "python3");
+        assert!(command[2].contains("('127.0.0.1', 3000)"), "{command:?}");
+        assert_eq!(pod.containers[0].args, Some(vec!["--listen".to_owned(), "127.0.0.1:3000".to_owned()]));
     }
 
     #[test]

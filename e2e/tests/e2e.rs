@@ -3,8 +3,9 @@
 //! after sourcing the e2e env file (see `leasehold_e2e::settings`).
 //!
 //! Each scenario has its own namespace, database and AgentCluster of 3 demo-agent pods
-//! (`leasehold_e2e::Fixture`), talks to pods only through the API server's pod proxy, and
-//! prints one `E2E-TIMING scenario=... seconds=...` line.
+//! (`leasehold_e2e::Fixture`; the Rust demo agent, or the Python reference agent in
+//! `python_agent`), talks to pods only through the API server's pod proxy, and prints
+//! one `E2E-TIMING scenario=... seconds=...` line.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,7 +21,7 @@ use k8s_openapi::api::{
     core::v1::{Event, Pod, Secret},
 };
 use kube::{
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, LogParams, Patch, PatchParams, PostParams},
     Api, ResourceExt,
 };
 use leasehold_e2e::{
@@ -1709,4 +1710,217 @@ async fn scale_subresource_and_hpa_target() {
     let ac = clusters.get(CLUSTER).await.expect("get the AgentCluster");
     assert_eq!(ac.spec.replicas, 2, "the HPA without metrics changed nothing");
     timing("scale_subresource_and_hpa", started.elapsed(), &[]);
+}
+
+/// Sessions of the Python agent scenario whose turns go through every pod in turn, and
+/// how many turns each gets before the rollout.
+const PY_SESSIONS: usize = 6;
+const PY_TURNS: usize = 3;
+/// Sessions under continuous load across the Python agent's rollout.
+const PY_LOAD_SESSIONS: usize = 8;
+/// Tokens of the turn watched from a pod that does not own its session, and how long
+/// the agent takes over them.
+const PY_TOKENS: u32 = 5;
+const PY_THINK_MS: u64 = 1000;
+
+/// The Python agent's start line (Python logging, `INFO demo agent <node> on <listen>`),
+/// which the Rust demo agent's tracing line does not match.
+fn python_start_line(line: &str) -> bool {
+    line.starts_with("INFO demo agent ") && line.ends_with(" on 127.0.0.1:3000")
+}
+
+/// 8. The Python reference agent (`sdk/python/examples/demo_agent.py`, image
+///    `leasehold/python-agent`, built by `e2e/images/build.sh`) as the agent container
+///    instead of the Rust demo agent: the sidecar's contract holds for an agent written
+///    with the Python SDK. Turns of several sessions, each sent through every pod in
+///    turn, reach one owner per session (the pod that got its first turn) and each
+///    checkpoint is exactly the session's turns in order; a stream opened on a pod that
+///    does not own a session shows the Python agent's turn, its `token` events in order;
+///    a rolling restart (template change) under continuous load hands every session over
+///    with zero failed turns and every old pod drained, and the sessions from before
+///    carry on at the new pods with their histories intact (the new agents thaw what
+///    the old ones checkpointed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_agent() {
+    let image = leasehold_e2e::settings::Settings::from_env().python_agent_image();
+    let f = Fixture::start_with_agent("python_agent", 3, spec::python_agent_container(&image, &[])).await;
+    let started = Instant::now();
+    let pods = f.ready_pods().await;
+    assert_eq!(pods.len(), 3);
+    // The agents are the Python one, running since their start.
+    for pod in f.list_pods().await {
+        let name = pod.name_any();
+        let containers = &pod.spec.as_ref().expect("a pod spec").containers;
+        let agent = containers.iter().find(|c| c.name == spec::AGENT_CONTAINER).expect("the agent container");
+        assert_eq!(agent.image.as_deref(), Some(image.as_str()), "{name}");
+        let restarts = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|s| s.iter().find(|c| c.name == spec::AGENT_CONTAINER))
+            .map(|c| c.restart_count);
+        assert_eq!(restarts, Some(0), "{name}: the Python agent did not restart");
+        let params = LogParams { container: Some(spec::AGENT_CONTAINER.to_owned()), ..LogParams::default() };
+        let log = f.pods().logs(&name, &params).await.expect("the agent's log");
+        assert!(log.lines().any(python_start_line), "{name}: no Python agent start line in {log:?}");
+    }
+
+    // Turns of each session through the three pods in turn: one owner per session.
+    let client = f.client_over(Pods::Fixed(pods.clone()));
+    let keys: Vec<String> = (0..PY_SESSIONS).map(|i| format!("py-{}-{i}", suffix())).collect();
+    let mut owners: BTreeMap<String, String> = BTreeMap::new();
+    let mut forwarded = 0;
+    for (i, key) in keys.iter().enumerate() {
+        for t in 0..PY_TURNS {
+            let via = &pods[(i + t) % pods.len()];
+            let text = format!("t{t}");
+            let answer = client
+                .turn(key, &turn_body(&text, 0, 2), Some(via))
+                .await
+                .unwrap_or_else(|e| panic!("{key} {text}: {e}"));
+            assert_eq!(answer.status, 200, "{key} {text} via {via}: {}", answer.text());
+            let owner = answer.owner.clone().expect("Leasehold-Owner header");
+            if t == 0 {
+                assert_eq!(&owner, via, "{key}: the pod that got the fresh session claimed it");
+            }
+            let first_owner = owners.entry(key.clone()).or_insert_with(|| owner.clone());
+            assert_eq!(*first_owner, owner, "{key} {text} via {via}: one owner whichever pod is asked");
+            assert_eq!(answer.epoch, Some(1), "{key} {text}");
+            let body = answer.json().unwrap_or_else(|| panic!("{key} {text}: not JSON: {}", answer.text()));
+            assert_eq!(body["history_len"], json!(t + 1), "{key} {text}: the agent's answer {body}");
+            assert_eq!(body["epoch"], json!(1), "{key} {text}: the agent's answer {body}");
+            if owner != *via {
+                forwarded += 1;
+            }
+        }
+        let expected: Vec<String> = (0..PY_TURNS).map(|t| format!("t{t}")).collect();
+        assert_eq!(f.db().history(key).await, expected, "{key}: the checkpoint is the turns in order");
+    }
+    let distinct: BTreeSet<&String> = owners.values().collect();
+    assert_eq!(distinct.len(), 3, "the sessions are owned across the three pods: {owners:?}");
+    eprintln!(
+        "{} turns of {PY_SESSIONS} sessions, {forwarded} sent to a pod that did not own the session",
+        PY_SESSIONS * PY_TURNS
+    );
+
+    // A stream on a pod that does not own the session, the turn sent through the third.
+    let key = keys[0].clone();
+    let owner = owners[&key].clone();
+    let others: Vec<&String> = pods.iter().filter(|p| **p != owner).collect();
+    let (watcher, via) = (others[0].clone(), others[1].clone());
+    let mut stream = Observer::open(&f.proxy(), &watcher, &key, None).await.expect("stream on a non-owner");
+    let sent = Instant::now();
+    let turn = tokio::spawn({
+        let (client, key, via) = (client.clone(), key.clone(), via.clone());
+        async move { client.turn(&key, &turn_body("streamed", PY_THINK_MS, PY_TOKENS), Some(&via)).await }
+    });
+    // Without Last-Event-ID the stream starts with the previous turn's replay: the
+    // watched turn begins at its own turn_started.
+    stream
+        .until(WAIT, |f| f.event.as_deref() == Some("turn_started") && f.data.contains("streamed"))
+        .await
+        .expect("the watcher sees the turn start");
+    let first_event = sent.elapsed();
+    let begin = stream.seen.len() - 1;
+    stream.until(WAIT, is_event("turn_finished")).await.expect("the watcher sees the turn finish");
+    let answer = turn.await.unwrap().expect("the streamed turn");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.owner.as_deref(), Some(owner.as_str()), "the owner served the streamed turn");
+    let watched: Vec<&Frame> =
+        stream.seen[begin..].iter().map(|(f, _)| f).filter(|f| f.id.is_some()).collect();
+    let kinds: Vec<&str> = watched.iter().map(|f| f.event.as_deref().unwrap_or_default()).collect();
+    let mut expected_kinds = vec!["turn_started"];
+    expected_kinds.extend(std::iter::repeat_n("token", PY_TOKENS as usize));
+    expected_kinds.push("turn_finished");
+    assert_eq!(kinds, expected_kinds, "the watcher on {watcher} sees the whole turn, in order");
+    let ids: Vec<String> = watched.iter().filter_map(|f| f.id.clone()).collect();
+    strictly_increasing(&ids).expect("event ids strictly increase");
+    let tokens: Vec<Value> = watched
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("token"))
+        .map(|f| serde_json::from_str(&f.data).unwrap_or_else(|e| panic!("token data {:?}: {e}", f.data)))
+        .collect();
+    let expected_tokens: Vec<Value> =
+        (0..PY_TOKENS).map(|i| json!({ "i": i, "text": format!("tok{i}") })).collect();
+    assert_eq!(tokens, expected_tokens, "the Python agent's tokens, as it published them");
+    let finished: Value = serde_json::from_str(&watched.last().expect("turn_finished").data).expect("JSON");
+    assert_eq!(finished["history_len"], json!(PY_TURNS + 1), "{finished}");
+    drop(stream);
+
+    // A rolling restart under load.
+    let old = pods.clone();
+    let followers: Vec<LogFollower> =
+        old.iter().map(|pod| LogFollower::start(f.pods(), pod, SIDECAR_CONTAINER)).collect();
+    let ready = f.watch_ready().await;
+    let client = f.client_over(Pods::Ready(ready.clone()));
+    let load = Load::start(&client, &format!("py-roll-{}", suffix()), PY_LOAD_SESSIONS);
+    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
+    let stamp = suffix();
+    let patch = json!({ "spec": { "template": { "spec": { "containers": [
+        spec::python_agent_container(&image, &[("E2E_ROLL", &stamp)])
+    ] } } } });
+    f.clusters()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch the template");
+    let rollout = Instant::now();
+    f.wait_pods("every pod replaced and Ready", ROLLOUT_WITHIN, |pods| {
+        pods.len() == 3 && pods.iter().all(|p| is_ready(p) && !old.contains(&p.name_any()))
+    })
+    .await;
+    let rolled = rollout.elapsed();
+    eprintln!("rollout done in {:.1}s; load goes on a few seconds more", rolled.as_secs_f64());
+    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
+    let logs = load.finish().await;
+    let mut problems: Vec<String> = Vec::new();
+    let figures = check_load(f.db(), &logs, &mut problems).await;
+    let load_owners: BTreeSet<&str> =
+        logs.values().flat_map(|l| l.acks.iter().map(|a| a.owner.as_str())).collect();
+    if !load_owners.iter().any(|o| !old.iter().any(|p| p == o)) {
+        problems.push(format!("no new pod served a turn: {load_owners:?}"));
+    }
+    let handed_back = check_drained(f.db(), &old, &followers, &mut problems).await;
+
+    // The sessions from before the rollout, at the new pods, histories intact.
+    for key in &keys {
+        let answer = client.turn(key, &turn_body("after", 0, 1), None).await;
+        match answer {
+            Ok(answer) if answer.status == 200 => {
+                let owner = answer.owner.clone().unwrap_or_default();
+                if old.contains(&owner) || answer.epoch.unwrap_or(0) < 2 {
+                    problems.push(format!(
+                        "{key}: served by {owner} at epoch {:?} after the rollout",
+                        answer.epoch
+                    ));
+                }
+            }
+            Ok(answer) => {
+                problems.push(format!("{key} after the rollout: {} {}", answer.status, answer.text()))
+            }
+            Err(e) => problems.push(format!("{key} after the rollout: {e}")),
+        }
+        let mut expected: Vec<String> = (0..PY_TURNS).map(|t| format!("t{t}")).collect();
+        if *key == keys[0] {
+            expected.push("streamed".to_owned());
+        }
+        expected.push("after".to_owned());
+        let history = f.db().history(key).await;
+        if history != expected {
+            problems.push(format!("{key}: history {history:?} after the rollout, expected {expected:?}"));
+        }
+    }
+    timing(
+        "python_agent",
+        started.elapsed(),
+        &[
+            ("first_event_ms", ms(first_event)),
+            ("rollout_ms", ms(rolled)),
+            ("turns", figures.turns.to_string()),
+            ("failed", figures.failed.to_string()),
+            ("max_handoff_gap_ms", ms(figures.worst_handoff)),
+            ("handed_back", handed_back.to_string()),
+            ("directives", figures.directives.to_string()),
+        ],
+    );
+    fail_on(&problems, &followers);
 }
