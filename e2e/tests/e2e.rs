@@ -395,6 +395,33 @@ const ROLLOUT_WITHIN: Duration = Duration::from_secs(420);
 /// Load before and after a rollout, so the hand-offs happen under it on both sides.
 const LOAD_AROUND_ROLLOUT: Duration = Duration::from_secs(4);
 
+/// A rolling deploy under `load` (running already): a few seconds of load, then the agent
+/// container replaced by `container(stamp)` (a template change), every pod of `old`
+/// replaced and the new ones Ready, then a few seconds more. The load's logs and how long
+/// the rollout took.
+async fn roll_under_load(
+    f: &Fixture,
+    load: Load,
+    old: &[String],
+    container: impl Fn(&str) -> Value,
+) -> (BTreeMap<String, SessionLog>, Duration) {
+    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
+    let patch = json!({ "spec": { "template": { "spec": { "containers": [container(&suffix())] } } } });
+    f.clusters()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch the template");
+    let rollout = Instant::now();
+    f.wait_pods("every pod replaced and Ready", ROLLOUT_WITHIN, |pods| {
+        pods.len() == 3 && pods.iter().all(|p| is_ready(p) && !old.contains(&p.name_any()))
+    })
+    .await;
+    let rolled = rollout.elapsed();
+    eprintln!("rollout done in {:.1}s; load goes on a few seconds more", rolled.as_secs_f64());
+    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
+    (load.finish().await, rolled)
+}
+
 /// 2. A rolling deploy under continuous load: zero failed turns, no session waits for a
 ///    lease to lapse, every acknowledged turn checkpointed once in order, every old pod
 ///    drained before SIGTERM. The gaps are reported (BENCHMARKS.md), not asserted.
@@ -408,25 +435,8 @@ async fn rolling_deploy_under_load() {
     let ready = f.watch_ready().await;
     let client = f.client_over(Pods::Ready(ready.clone()));
     let load = Load::start(&client, "roll", SESSIONS);
-    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
-
-    let stamp = suffix();
-    let patch = json!({ "spec": { "template": { "spec": { "containers": [
-        spec::agent_container(&f.settings.agent_image(), &[("E2E_ROLL", &stamp)])
-    ] } } } });
-    f.clusters()
-        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("patch the template");
-    let rollout = Instant::now();
-    f.wait_pods("every pod replaced and Ready", ROLLOUT_WITHIN, |pods| {
-        pods.len() == 3 && pods.iter().all(|p| is_ready(p) && !old.contains(&p.name_any()))
-    })
-    .await;
-    let rolled = rollout.elapsed();
-    eprintln!("rollout done in {:.1}s; load goes on a few seconds more", rolled.as_secs_f64());
-    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
-    let logs = load.finish().await;
+    let container = |stamp: &str| spec::agent_container(&f.settings.agent_image(), &[("E2E_ROLL", stamp)]);
+    let (logs, rolled) = roll_under_load(&f, load, &old, container).await;
     // Every check runs and reports; the test fails at the end with all problems found.
     let mut problems: Vec<String> = Vec::new();
     let db = f.db();
@@ -1854,24 +1864,8 @@ async fn python_agent() {
     let ready = f.watch_ready().await;
     let client = f.client_over(Pods::Ready(ready.clone()));
     let load = Load::start(&client, &format!("py-roll-{}", suffix()), PY_LOAD_SESSIONS);
-    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
-    let stamp = suffix();
-    let patch = json!({ "spec": { "template": { "spec": { "containers": [
-        spec::python_agent_container(&image, &[("E2E_ROLL", &stamp)])
-    ] } } } });
-    f.clusters()
-        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("patch the template");
-    let rollout = Instant::now();
-    f.wait_pods("every pod replaced and Ready", ROLLOUT_WITHIN, |pods| {
-        pods.len() == 3 && pods.iter().all(|p| is_ready(p) && !old.contains(&p.name_any()))
-    })
-    .await;
-    let rolled = rollout.elapsed();
-    eprintln!("rollout done in {:.1}s; load goes on a few seconds more", rolled.as_secs_f64());
-    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
-    let logs = load.finish().await;
+    let container = |stamp: &str| spec::python_agent_container(&image, &[("E2E_ROLL", stamp)]);
+    let (logs, rolled) = roll_under_load(&f, load, &old, container).await;
     let mut problems: Vec<String> = Vec::new();
     let figures = check_load(f.db(), &logs, &mut problems).await;
     let load_owners: BTreeSet<&str> =
