@@ -971,8 +971,9 @@ async fn scale_down_least_loaded() {
 /// - pure zombie: B owns S at epoch 2 and serves it from its fast path. The lease is
 ///   moved to C at epoch 3 exactly as C's takeover writes it, but without any
 ///   notification, and B's own node lease stays live, so nothing but the database
-///   fence can stop B: B's next turn of S must come back `fenced`, with nothing in the
-///   history; the directive then leads to C.
+///   fence can stop B: B's next turn of S is refused by the fence at B (nothing of B's
+///   attempt lands) and B, finding the session moved, takes the turn to C, which runs
+///   it once at epoch 3; a turn sent to B after that goes to C as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_canary() {
     let f = Fixture::start("fence_canary").await;
@@ -1026,17 +1027,19 @@ async fn fence_canary() {
     assert!(b_owner.is_some(), "B's own node lease is still live: it believes it owns S");
     let zombie =
         proxy.post_json(&b, PUBLIC_PORT, &turns_path(&key), &turn_body("t4-zombie", 0, 1)).await.unwrap();
-    assert_eq!(zombie.status, 503, "B's zombie turn is fenced: {}", zombie.text());
-    let body = zombie.json().expect("a JSON refusal");
-    assert_eq!(body["error"], "fenced", "{body}");
-    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3"], "the zombie wrote nothing");
-    assert_eq!(db.checkpoint_epoch(&key).await, Some(2));
+    // Served at B's epoch 2 would be the fence failing; the fence stopped B, and B took
+    // the turn to the real owner.
+    assert_eq!(zombie.status, 200, "B's turn, taken to C after the fence: {}", zombie.text());
+    assert_eq!(zombie.header("leasehold-owner").as_deref(), Some(c.as_str()), "run by C, not B");
+    assert_eq!(zombie.header("leasehold-epoch").as_deref(), Some("3"), "at C's epoch");
+    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3", "t4-zombie"], "once, by C");
+    assert_eq!(db.checkpoint_epoch(&key).await, Some(3));
 
-    // Following the directive reaches the real owner.
+    // B knows now: its next turn goes to the real owner.
     let answer = client.turn(&key, &turn_body("t4", 0, 1), Some(&b)).await.expect("t4");
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!((answer.owner.as_deref(), answer.epoch), (Some(c.as_str()), Some(3)));
-    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3", "t4"]);
+    assert_eq!(db.history(&key).await, ["t1", "t2-stale", "t3", "t4-zombie", "t4"]);
     assert_eq!(db.checkpoint_epoch(&key).await, Some(3));
     timing("fence_canary", started.elapsed(), &[("stale_fenced_ms", ms(fenced_after))]);
 }
