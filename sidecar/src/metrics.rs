@@ -219,7 +219,8 @@ impl Metrics {
             "turn_journal",
             "Turns by what the journal made of them: started, resumed, replayed (a repeated \
              idempotency key answered from the journal), attached (to the running attempt), \
-             reused (422), interrupted, cancelled",
+             reused (422), interrupted, cancelled, exhausted (recorded as attempts_exhausted), \
+             followed (a fenced turn taken to the next owner)",
             m.turn_journal.clone(),
         );
         registry.register(
