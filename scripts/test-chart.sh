@@ -227,7 +227,8 @@ CLUSTER_RULES = {
     rule(["leasehold.dev"], ["agentclusters/finalizers"], ["update"]),
     rule(["apps"], ["deployments"], READ_CREATE_PATCH),
     rule([""], ["services"], READ_CREATE_PATCH),
-    rule(["policy"], ["poddisruptionbudgets"], READ_CREATE_PATCH),
+    # delete: spec.disruptionBudget.enabled=false removes the budget it made
+    rule(["policy"], ["poddisruptionbudgets"], READ_CREATE_PATCH + ["delete"]),
     rule(["networking.k8s.io"], ["networkpolicies"], READ_CREATE_PATCH),
     rule([""], ["secrets"], ["get", "list", "watch", "create"]),
     rule([""], ["pods"], ["list", "watch", "patch"]),
