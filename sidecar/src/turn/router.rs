@@ -156,9 +156,10 @@ impl TurnRouter {
         self.metrics.turn_journal("followed");
         turn.keyed = true;
         match self.route_once(turn, door, true).await {
-            // This node cannot route it now (its own node lease lapsed, the store is out of
-            // reach): the halt is the truer answer; the next owner still resumes the turn.
-            Reply::Refused(Refusal::StoreUnavailable) => reply,
+            // This node cannot route it now (draining, its own node lease lapsed, the store
+            // out of reach, the new owner not reachable yet): the halt is the truer answer;
+            // the next owner still resumes the turn.
+            Reply::Refused(_) => reply,
             followed => followed,
         }
     }
