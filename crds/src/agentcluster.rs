@@ -431,9 +431,9 @@ pub struct TurnsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_ANSWER_BYTES_LIMIT))]
     pub max_answer_bytes: Option<i64>,
-    /// Attempts a turn gets: one, plus a resume each time its owner loses it mid-turn.
-    /// A turn that used them all is recorded as failed (502 attempts_exhausted) rather
-    /// than resumed forever. Default: the sidecar's (5).
+    /// Attempts a turn gets: one, plus one each time a new owner takes it over unfinished
+    /// (a crash, a drain, a partition). A turn that used them all is recorded as failed
+    /// (502 attempts_exhausted) rather than resumed again. Default: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_TURN_ATTEMPTS))]
     pub max_attempts: Option<i32>,

@@ -182,10 +182,12 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_MAX_ANSWER_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_answer_bytes: usize,
 
-    /// Attempts a turn gets: one, plus a resume each time its owner loses it mid-turn
-    /// (the agent failed, the pod died). A turn that used them all is recorded as failed
-    /// (502 attempts_exhausted) rather than resumed forever from pod to pod.
-    #[arg(long, env = "LEASEHOLD_MAX_TURN_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// Attempts a turn gets: one, plus one each time a new owner takes it over unfinished
+    /// (its agent failed, its pod died, was drained, paused or cut off). A turn that used
+    /// them all is recorded as failed (502 attempts_exhausted) rather than resumed again,
+    /// so a turn that crashes every agent stops; 0 (the default): no limit, since every
+    /// takeover counts, not only the agent's failures.
+    #[arg(long, env = "LEASEHOLD_MAX_TURN_ATTEMPTS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub max_turn_attempts: u32,
 
     /// How long the first published event into an empty journal queue waits for others

@@ -88,7 +88,8 @@ pub struct Runner {
     pub multitask: Multitask,
     /// Largest answer recorded; a larger one fails the turn (`502 answer_too_large`).
     pub max_answer: usize,
-    /// Attempts a turn gets before it is recorded as failed (`502 attempts_exhausted`).
+    /// Attempts a turn gets before it is recorded as failed (`502 attempts_exhausted`);
+    /// 0: no limit.
     pub max_attempts: u32,
     pub ttl: Duration,
 }
@@ -322,7 +323,8 @@ impl Runner {
 
     /// Taken over at an attempt beyond the last it may have.
     fn exhausted(&self, record: &TurnRecord) -> bool {
-        u32::try_from(record.attempts).is_ok_and(|attempts| attempts > self.max_attempts)
+        self.max_attempts > 0
+            && u32::try_from(record.attempts).is_ok_and(|attempts| attempts > self.max_attempts)
     }
 
     /// A turn whose every attempt was lost mid-turn (a poison turn: say, one that crashes
