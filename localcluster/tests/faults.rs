@@ -830,7 +830,6 @@ fn refusing_port() -> std::net::SocketAddr {
 /// (as the operator does) and node-c takes the session over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_unreachable_hop_is_refused_owner_unreachable_with_a_directive() {
-    use sqlx::Connection;
     let _serial = support::serial().await;
     let db = support::database().await;
     let (silent, _listener, _queued) = unanswering_port().await;
@@ -861,11 +860,7 @@ async fn a_second_unreachable_hop_is_refused_owner_unreachable_with_a_directive(
         b.metric("leasehold_resolutions_total", "outcome=\"held\"").await > held_before
     })
     .await;
-    let mut conn = sqlx::PgConnection::connect(&db).await.unwrap();
-    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = 'node-a' AND expires_at > now()")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    support::revoke_node(&db, "node-a").await;
     let taken = Client::new(vec![c.public_url()]).turn(key, &turn("taken")).await.unwrap();
     assert_eq!((taken.status, taken.owner.as_deref(), taken.epoch), (200, Some("node-c"), Some(2)));
 

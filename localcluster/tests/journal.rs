@@ -371,7 +371,6 @@ async fn a_lost_answer_resent_with_its_key_is_the_one_answer_and_without_a_key_a
 /// once saw `["t1", "t2", "t2"]` that way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_turn_halted_by_a_revocation_is_followed_to_its_next_owner_and_runs_once() {
-    use sqlx::Connection;
     let _serial = support::serial().await;
     let db = support::database().await;
     let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
@@ -390,17 +389,11 @@ async fn a_turn_halted_by_a_revocation_is_followed_to_its_next_owner_and_runs_on
             (status, turn_id, response.json::<Value>().await.unwrap_or(Value::Null))
         }
     });
-    let agent = a.agent_url();
     support::eventually("the turn is running on node-a's agent", || async {
-        let stats: Value = reqwest::get(format!("{agent}/stats")).await.unwrap().json().await.unwrap();
-        stats["turns"].as_u64() >= Some(2)
+        stats(a).await["turns"].as_u64() >= Some(2)
     })
     .await;
-    let mut conn = sqlx::PgConnection::connect(&db).await.unwrap();
-    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = 'node-a' AND expires_at > now()")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    support::revoke_node(&db, "node-a").await;
     let (status, turn_id, body) = tokio::time::timeout(WITHIN, via_c).await.expect("answered").unwrap();
     assert_eq!(status, 200, "the client gets the resumed attempt's answer: {body}");
     assert_ne!(body["node"], "node-a", "answered by the next owner: {body}");

@@ -94,3 +94,15 @@ pub fn strictly_increasing(ids: &[String]) -> Vec<(i64, u64)> {
     assert!(parsed.windows(2).all(|w| w[0] < w[1]), "ids must strictly increase: {ids:?}");
     parsed
 }
+
+/// Revoke `node_id`'s node lease as the operator does for a failed pod: its sessions are
+/// claimable at once.
+pub async fn revoke_node(database_url: &str, node_id: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = $1 AND expires_at > now()")
+        .bind(node_id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
