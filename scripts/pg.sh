@@ -12,6 +12,10 @@
 #
 # The server runs as the unprivileged `postgres` user (initdb refuses root) with fsync
 # off: this is scratch data. It never listens beyond loopback.
+#
+#   LEASEHOLD_PG_FSYNC=on      durable as in production instead: fsync, synchronous_commit
+#                              and full_page_writes on (the capacity bench, `make
+#                              bench-postgres`). Default off: tests need no durability.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,6 +62,12 @@ case "$cmd" in
         || { cat "$dir/initdb.log" >&2; exit 1; }
     fi
     [ -f "$dir/port" ] || free_port >"$dir/port"
+    durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    case "${LEASEHOLD_PG_FSYNC:-off}" in
+      on) durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on" ;;
+      off) ;;
+      *) echo "pg.sh: LEASEHOLD_PG_FSYNC must be on or off, not ${LEASEHOLD_PG_FSYNC}" >&2; exit 2 ;;
+    esac
     tls_opts=""
     if [ "$cmd" = start-tls ]; then
       make_certs
@@ -65,8 +75,8 @@ case "$cmd" in
       tls_opts="-c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key"
     fi
     as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 start -o \
-      "-c listen_addresses=127.0.0.1 -p $(cat "$dir/port") -k $dir -c fsync=off -c synchronous_commit=off \
-       -c full_page_writes=off -c max_connections=400 -c shared_buffers=256MB $tls_opts" >/dev/null \
+      "-c listen_addresses=127.0.0.1 -p $(cat "$dir/port") -k $dir $durability \
+       -c max_connections=400 -c shared_buffers=256MB $tls_opts" >/dev/null \
       || { tail -20 "$dir/postgres.log" >&2; exit 1; }
     head -1 "$dir/data/postmaster.pid" >"$dir/pid"
     if [ "$cmd" = start-tls ]; then tls_url; else url; fi
