@@ -11,27 +11,14 @@ use leasehold_core::{
     store::{leases::CLAIM_SQL, LeaseStore},
     Owner, SessionKey,
 };
-use sqlx::{postgres::PgPoolOptions, Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
+
+mod support;
+use support::{fresh_pool, insert_leases, ms, stats, Stats};
 
 const CONCURRENCY: usize = 8;
 const CLAIMS_PER_TASK: usize = 1_500;
 const ROUNDS: usize = 3;
-
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-    per_sec: f64,
-}
-
-fn stats(mut samples: Vec<Duration>, wall: Duration) -> Stats {
-    samples.sort();
-    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
-    Stats { p50: at(0.50), p99: at(0.99), per_sec: samples.len() as f64 / wall.as_secs_f64() }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
 
 /// Each task claims its own keys in a cycle of 50: the first pass inserts (case 1), the
 /// rest extend (case 2), the mix a busy sidecar sees for sessions it owns.
@@ -114,16 +101,7 @@ async fn bench_renew(pool: &PgPool) {
     for n in [1_000i64, 10_000, 100_000] {
         let owner = Owner::new_boot(&format!("renew-{n}"));
         store.register_boot(&owner, "127.0.0.1:1", ttl).await.unwrap();
-        sqlx::query(
-            "INSERT INTO agent_leases (agent_key, owner, epoch, acquired_at, updated_at) \
-             SELECT 'n' || $2 || '-' || i, $1, 1, now(), now() FROM generate_series(1, $2) i",
-        )
-        .bind(owner.as_str())
-        .bind(n)
-        .execute(pool)
-        .await
-        .unwrap();
-        sqlx::query("VACUUM ANALYZE agent_leases").execute(pool).await.unwrap();
+        insert_leases(pool, &owner, &format!("n{n}-"), 1, n).await;
 
         // ours: best of 20 single-row renewals
         let mut best = Duration::MAX;
@@ -165,11 +143,7 @@ async fn bench_renew(pool: &PgPool) {
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: run with `make bench`");
-    let pool = PgPoolOptions::new().max_connections(CONCURRENCY as u32 + 2).connect(&url).await.unwrap();
-    let store = LeaseStore::from_pool(pool.clone());
-    store.migrate().await.unwrap();
-    sqlx::query("TRUNCATE agent_leases, agent_nodes, agent_checkpoints").execute(&pool).await.unwrap();
+    let pool = fresh_pool(CONCURRENCY as u32 + 2).await;
     bench_claims(&pool).await;
     bench_renew(&pool).await;
 }
