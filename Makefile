@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench deps build generate chart chaos
+.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench bench-postgres deps build generate chart chaos
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -81,3 +81,9 @@ bench: deps ## benchmarks with their baselines (results go into BENCHMARKS.md by
 	[ -d $(BASELINE_WORKTREE) ] || git worktree add --detach $(BASELINE_WORKTREE) bbb3b87
 	cd $(BASELINE_WORKTREE) && CARGO_TARGET_DIR=$(BASELINE_TARGET) cargo build --release --locked -p leasehold-sidecar
 	LEASEHOLD_BENCH_BASELINE_BIN_DIR=$(BASELINE_TARGET)/release scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench journal
+
+# The capacity envelope of one Postgres (issue 20): the store's statements on a durable
+# server (fsync, synchronous_commit, full_page_writes on), ~5 min. Sharing the machine's
+# cores with the client, so read its CPU columns together.
+bench-postgres: deps ## the capacity of one Postgres, fsync on (results go into BENCHMARKS.md by hand)
+	LEASEHOLD_PG_FSYNC=on scripts/with-postgres.sh cargo bench --locked -p leasehold-core --bench capacity
