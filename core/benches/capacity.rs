@@ -390,9 +390,9 @@ async fn bench_heartbeat(bench: &Bench) {
                 let mut samples = Vec::new();
                 let mut tick = tokio::time::interval_at(Instant::now() + phase, HEARTBEAT_INTERVAL);
                 loop {
-                    tick.tick().await;
-                    if Instant::now() >= deadline {
-                        break samples;
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        () = tokio::time::sleep_until(deadline) => break samples,
                     }
                     let t0 = Instant::now();
                     let lease = store.renew_all(&owner, LEASE_TTL).await.unwrap();
