@@ -4,7 +4,10 @@
 //! the shared cores shows as the difference); WAL written (LSN difference); and what the
 //! active client backends were doing, sampled from `pg_stat_activity`.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use sqlx::{Connection, PgConnection, PgPool, Row};
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
@@ -41,12 +44,13 @@ struct Machine {
 /// A window being measured.
 pub struct Window {
     started: Instant,
-    pg: u64,
+    /// CPU ticks of each Postgres process when the window opened.
+    pg: HashMap<u32, u64>,
     client: u64,
     machine: Machine,
     lsn: i64,
     stop: oneshot::Sender<()>,
-    sampler: JoinHandle<BTreeMap<String, u64>>,
+    sampler: JoinHandle<(BTreeMap<String, u64>, HashMap<u32, u64>)>,
 }
 
 /// What a window cost, per second of wall time where it says `cores`.
@@ -100,6 +104,24 @@ fn process_ticks(pid: &str) -> Option<(u32, u64)> {
     Some((ppid, ticks))
 }
 
+/// CPU ticks of `postmaster` and of each of its children, by PID.
+fn pg_ticks(postmaster: u32) -> HashMap<u32, u64> {
+    let mut ticks = HashMap::new();
+    if let Some((_, t)) = process_ticks(&postmaster.to_string()) {
+        ticks.insert(postmaster, t);
+    }
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else { continue };
+        if let Some((ppid, t)) = process_ticks(pid) {
+            if ppid == postmaster {
+                ticks.insert(pid.parse().unwrap_or(0), t);
+            }
+        }
+    }
+    ticks
+}
+
 fn machine() -> Machine {
     let text = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
     let line = text.lines().next().expect("/proc/stat has a cpu line");
@@ -127,42 +149,36 @@ impl Probe {
         Self { postmaster, ticks_per_sec: clock_ticks_per_sec(), pool: pool.clone() }
     }
 
-    /// CPU ticks of the postmaster and every process it started (backends, WAL writer,
-    /// checkpointer, autovacuum...). Backends that exit mid-window take theirs along:
-    /// the benches keep their connections open.
-    fn pg_ticks(&self) -> u64 {
-        let mut total = process_ticks(&self.postmaster.to_string()).map_or(0, |(_, t)| t);
-        for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else { continue };
-            if let Some((ppid, ticks)) = process_ticks(pid) {
-                if ppid == self.postmaster {
-                    total += ticks;
-                }
-            }
-        }
-        total
+    /// CPU ticks of the postmaster and of every process it started (backends, WAL
+    /// writer, checkpointer, autovacuum workers...), by PID.
+    fn pg_ticks(&self) -> HashMap<u32, u64> {
+        pg_ticks(self.postmaster)
     }
 
     pub async fn start(&self) -> Window {
         let mut conn = PgConnection::connect_with(&self.pool.connect_options()).await.unwrap();
         let lsn = lsn(&mut conn).await;
         let (stop, mut stopped) = oneshot::channel();
+        let postmaster = self.postmaster;
         let sampler = tokio::spawn(async move {
             let mut waits = BTreeMap::new();
+            // The last ticks seen of each Postgres process: one that exits mid-window
+            // (an autovacuum worker) keeps what it spent up to its last sample.
+            let mut seen = HashMap::new();
             let mut tick = tokio::time::interval(WAIT_SAMPLE_EVERY);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = &mut stopped => break,
                 }
+                seen.extend(pg_ticks(postmaster));
                 *waits.entry("samples".to_owned()).or_insert(0) += 1;
                 for row in sqlx::query(WAITS_SQL).fetch_all(&mut conn).await.unwrap() {
                     let n: i64 = row.get("n");
                     *waits.entry(row.get("what")).or_insert(0) += n.unsigned_abs();
                 }
             }
-            waits
+            (waits, seen)
         });
         Window {
             started: Instant::now(),
@@ -177,11 +193,18 @@ impl Probe {
 
     pub async fn finish(&self, window: Window) -> Usage {
         let wall = window.started.elapsed();
-        let pg = self.pg_ticks() - window.pg;
+        let now = self.pg_ticks();
         let client = process_ticks("self").map_or(0, |(_, t)| t) - window.client;
         let m = machine();
         let _ = window.stop.send(());
-        let mut waits = window.sampler.await.unwrap();
+        let (mut waits, mut seen) = window.sampler.await.unwrap();
+        seen.extend(now);
+        // Spent in the window: a process there at the start counts from its ticks then,
+        // one started later from zero.
+        let pg: u64 = seen
+            .iter()
+            .map(|(pid, last)| last.saturating_sub(window.pg.get(pid).copied().unwrap_or(0)))
+            .sum();
         let mut conn = PgConnection::connect_with(&self.pool.connect_options()).await.unwrap();
         let wal_bytes = lsn(&mut conn).await - window.lsn;
         let samples = waits.remove("samples").unwrap_or(1).max(1);
