@@ -8,7 +8,7 @@
 //! cancelled turn (`POST …/turns/{id}/cancel`) stops at once and publishes nothing more.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeSet, HashMap, VecDeque},
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -98,6 +98,34 @@ pub struct Stats {
     pub overlapping_turns: AtomicU64,
 }
 
+/// At most this many (session, epoch) pairs are kept for `GET /session-epochs`, so that
+/// a long-lived demo agent's memory stays bounded; past it, new pairs are only counted.
+const MAX_SESSION_EPOCHS: usize = 100_000;
+
+/// The (session, epoch) pairs of the turns this agent was sent.
+#[derive(Debug, Default)]
+struct SessionEpochs {
+    seen: BTreeSet<(String, i64)>,
+    dropped: u64,
+}
+
+/// One (session, epoch) pair this agent was sent a turn (or event) at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEpoch {
+    pub session: String,
+    pub epoch: i64,
+}
+
+/// `GET /session-epochs`: every (session, epoch) this agent was sent a turn at, since it
+/// started. A sidecar sends turns only at an epoch it holds, so one pair seen by two
+/// agents means two owners at one epoch (the randomized fault run checks this).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEpochsView {
+    pub pairs: Vec<SessionEpoch>,
+    /// Pairs not kept because [`MAX_SESSION_EPOCHS`] were already.
+    pub dropped: u64,
+}
+
 /// `GET /stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsView {
@@ -117,6 +145,7 @@ pub struct Agent {
     /// forgets the slot) does not hide an overlap.
     running: Mutex<HashMap<String, Vec<Arc<Running>>>>,
     early_cancels: Mutex<VecDeque<(String, String)>>,
+    session_epochs: Mutex<SessionEpochs>,
 }
 
 /// The answer of a successful turn.
@@ -205,6 +234,30 @@ impl Agent {
             sessions: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             early_cancels: Mutex::new(VecDeque::new()),
+            session_epochs: Mutex::new(SessionEpochs::default()),
+        }
+    }
+
+    /// Every (session, epoch) this agent was sent a turn at (`GET /session-epochs`).
+    pub fn session_epochs(&self) -> SessionEpochsView {
+        let epochs = self.session_epochs.lock().expect("session epochs lock");
+        let pairs = epochs
+            .seen
+            .iter()
+            .map(|(session, epoch)| SessionEpoch { session: session.clone(), epoch: *epoch });
+        SessionEpochsView { pairs: pairs.collect(), dropped: epochs.dropped }
+    }
+
+    fn saw_epoch(&self, key: &str, epoch: i64) {
+        let mut epochs = self.session_epochs.lock().expect("session epochs lock");
+        let pair = (key.to_owned(), epoch);
+        if epochs.seen.contains(&pair) {
+            return;
+        }
+        if epochs.seen.len() < MAX_SESSION_EPOCHS {
+            epochs.seen.insert(pair);
+        } else {
+            epochs.dropped += 1;
         }
     }
 
@@ -304,6 +357,7 @@ impl Agent {
         input: Input,
     ) -> Result<Done, WriteError> {
         self.stats.turns.fetch_add(1, Ordering::Relaxed);
+        self.saw_epoch(key, epoch);
         if ids.resume.is_some() {
             self.stats.resumes.fetch_add(1, Ordering::Relaxed);
         }

@@ -236,6 +236,26 @@ async fn a_turn_publishes_started_indexed_tokens_finished_and_checkpoints() {
 }
 
 #[tokio::test]
+async fn the_session_epochs_of_the_turns_sent_are_listed_once_each() {
+    let h = Harness::new().await;
+    for (key, epoch, id) in [("s", 1, "t-1"), ("s", 1, "t-2"), ("s", 2, "t-3"), ("r", 7, "t-4")] {
+        let (status, answer) = h.turn(key, epoch, id, false, json!({"text": id, "tokens": 0})).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let response = h.http.get(format!("{}/session-epochs", h.agent_url)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let listed: Value = response.json().await.unwrap();
+    assert_eq!(
+        listed,
+        json!({"pairs": [
+            {"session": "r", "epoch": 7},
+            {"session": "s", "epoch": 1},
+            {"session": "s", "epoch": 2}
+        ], "dropped": 0})
+    );
+}
+
+#[tokio::test]
 async fn a_resumed_turn_publishes_only_what_its_earlier_attempt_did_not() {
     let h = Harness::new().await;
     h.set_checkpoint(json!({"history": ["before"]}));

@@ -63,5 +63,5 @@ pub mod testbed;
 
 pub use checker::{check, Anomaly};
 pub use report::Report;
-pub use run::{run, ChaosOptions};
+pub use run::{run, ChaosOptions, NO_FENCE_FAILPOINT};
 pub use schedule::FaultKind;
