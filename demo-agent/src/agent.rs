@@ -238,6 +238,40 @@ impl Agent {
         }
     }
 
+    /// Write the turn's checkpoint. One the sidecar refused with a retry directive (`503
+    /// store_unavailable`: the store did not answer) may still have landed: passing the
+    /// directive on would tell the client the turn did not run, and its re-send without
+    /// a key would run it twice (the randomized fault run's unkeyed clients saw it). So
+    /// the same state is written again at the same epoch (landing twice is landing once)
+    /// as the directive says, within its budget; only a refusal past it is passed on.
+    /// A stand-down meanwhile answers `409`, which the sidecar reads as the fence.
+    async fn write_checkpoint(&self, key: &str, epoch: i64, state: &State) -> Result<(), WriteError> {
+        let started = tokio::time::Instant::now();
+        loop {
+            match self.sidecar.checkpoint(key, epoch, state).await {
+                Err(WriteError::Refused { status, retry_after, body }) => {
+                    let retry = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|b| {
+                        Some((b["retry"]["delay_ms"].as_u64()?, b["retry"]["budget_ms"].as_u64()?))
+                    });
+                    let again = retry
+                        .map(|(delay, budget)| (Duration::from_millis(delay), Duration::from_millis(budget)));
+                    match again {
+                        Some((delay, budget)) if started.elapsed() + delay <= budget => {
+                            tracing::warn!(
+                                session = key,
+                                epoch,
+                                "checkpoint refused with a directive: writing it again"
+                            );
+                            tokio::time::sleep(delay).await;
+                        }
+                        _ => return Err(WriteError::Refused { status, retry_after, body }),
+                    }
+                }
+                written => return written,
+            }
+        }
+    }
+
     /// Every (session, epoch) this agent was sent a turn at (`GET /session-epochs`).
     pub fn session_epochs(&self) -> SessionEpochsView {
         let epochs = self.session_epochs.lock().expect("session epochs lock");
@@ -446,7 +480,7 @@ impl Agent {
             let mut next = held.state.clone();
             next.history.push(entry);
             next.last_turn = turn_id.cloned();
-            stop.guard(self.sidecar.checkpoint(key, epoch, &next)).await?;
+            stop.guard(self.write_checkpoint(key, epoch, &next)).await?;
             held.state = next;
         }
         Ok(Done { history_len: held.state.history.len(), epoch })
