@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench bench-postgres deps build generate chart chaos
+.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench bench-postgres deps build generate chart chaos chaos-selftest
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,15 @@ e2e-kind: ## the same e2e tests on kind, for Docker hosts (docker, kind, helm, k
 # more: CHAOS_ARGS="--help".
 chaos: deps build ## the long randomized fault run and history check (1000 faults, ~45 min)
 	$${CARGO_TARGET_DIR:-target}/debug/leasehold-chaos --faults 1000 --sessions 8 --duration 120m $(CHAOS_ARGS)
+
+# The checker's self-test, by hand (the short chaos tests run it too): the same run with
+# every sidecar's checkpoint fence off (a debug-build failpoint) must report anomalies;
+# this target fails unless the run exits 1 (anomalies).
+chaos-selftest: deps build ## the chaos run with the fence off: must report anomalies (~90 s)
+	@$${CARGO_TARGET_DIR:-target}/debug/leasehold-chaos --without-fence --faults 16 --sessions 6 \
+		--kinds store_partition_mid_write --max-think 0ms --duration 70s $(CHAOS_ARGS); rc=$$?; \
+	if [ $$rc -eq 1 ]; then echo "chaos-selftest: the checker caught the missing fence"; \
+	else echo "chaos-selftest: expected anomalies (exit 1), got exit $$rc"; exit 1; fi
 
 test-fast: ## unit tests only (no Postgres)
 	cargo test --workspace --lib --bins

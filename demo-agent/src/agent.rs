@@ -8,7 +8,7 @@
 //! cancelled turn (`POST …/turns/{id}/cancel`) stops at once and publishes nothing more.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeSet, HashMap, VecDeque},
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -98,6 +98,34 @@ pub struct Stats {
     pub overlapping_turns: AtomicU64,
 }
 
+/// At most this many (session, epoch) pairs are kept for `GET /session-epochs`, so that
+/// a long-lived demo agent's memory stays bounded; past it, new pairs are only counted.
+const MAX_SESSION_EPOCHS: usize = 100_000;
+
+/// The (session, epoch) pairs of the turns this agent was sent.
+#[derive(Debug, Default)]
+struct SessionEpochs {
+    seen: BTreeSet<(String, i64)>,
+    dropped: u64,
+}
+
+/// One (session, epoch) pair this agent was sent a turn (or event) at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEpoch {
+    pub session: String,
+    pub epoch: i64,
+}
+
+/// `GET /session-epochs`: every (session, epoch) this agent was sent a turn at, since it
+/// started. A sidecar sends turns only at an epoch it holds, so one pair seen by two
+/// agents means two owners at one epoch (the randomized fault run checks this).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEpochsView {
+    pub pairs: Vec<SessionEpoch>,
+    /// Pairs not kept because [`MAX_SESSION_EPOCHS`] were already.
+    pub dropped: u64,
+}
+
 /// `GET /stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsView {
@@ -117,6 +145,7 @@ pub struct Agent {
     /// forgets the slot) does not hide an overlap.
     running: Mutex<HashMap<String, Vec<Arc<Running>>>>,
     early_cancels: Mutex<VecDeque<(String, String)>>,
+    session_epochs: Mutex<SessionEpochs>,
 }
 
 /// The answer of a successful turn.
@@ -205,6 +234,64 @@ impl Agent {
             sessions: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             early_cancels: Mutex::new(VecDeque::new()),
+            session_epochs: Mutex::new(SessionEpochs::default()),
+        }
+    }
+
+    /// Write the turn's checkpoint. One the sidecar refused with a retry directive (`503
+    /// store_unavailable`: the store did not answer) may still have landed: passing the
+    /// directive on would tell the client the turn did not run, and its re-send without
+    /// a key would run it twice (the randomized fault run's unkeyed clients saw it). So
+    /// the same state is written again at the same epoch (landing twice is landing once)
+    /// as the directive says, within its budget; only a refusal past it is passed on.
+    /// A stand-down meanwhile answers `409`, which the sidecar reads as the fence.
+    async fn write_checkpoint(&self, key: &str, epoch: i64, state: &State) -> Result<(), WriteError> {
+        let started = tokio::time::Instant::now();
+        loop {
+            match self.sidecar.checkpoint(key, epoch, state).await {
+                Err(WriteError::Refused { status, retry_after, body }) => {
+                    let retry = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|b| {
+                        Some((b["retry"]["delay_ms"].as_u64()?, b["retry"]["budget_ms"].as_u64()?))
+                    });
+                    let again = retry
+                        .map(|(delay, budget)| (Duration::from_millis(delay), Duration::from_millis(budget)));
+                    match again {
+                        Some((delay, budget)) if started.elapsed() + delay <= budget => {
+                            tracing::warn!(
+                                session = key,
+                                epoch,
+                                "checkpoint refused with a directive: writing it again"
+                            );
+                            tokio::time::sleep(delay).await;
+                        }
+                        _ => return Err(WriteError::Refused { status, retry_after, body }),
+                    }
+                }
+                written => return written,
+            }
+        }
+    }
+
+    /// Every (session, epoch) this agent was sent a turn at (`GET /session-epochs`).
+    pub fn session_epochs(&self) -> SessionEpochsView {
+        let epochs = self.session_epochs.lock().expect("session epochs lock");
+        let pairs = epochs
+            .seen
+            .iter()
+            .map(|(session, epoch)| SessionEpoch { session: session.clone(), epoch: *epoch });
+        SessionEpochsView { pairs: pairs.collect(), dropped: epochs.dropped }
+    }
+
+    fn saw_epoch(&self, key: &str, epoch: i64) {
+        let mut epochs = self.session_epochs.lock().expect("session epochs lock");
+        let pair = (key.to_owned(), epoch);
+        if epochs.seen.contains(&pair) {
+            return;
+        }
+        if epochs.seen.len() < MAX_SESSION_EPOCHS {
+            epochs.seen.insert(pair);
+        } else {
+            epochs.dropped += 1;
         }
     }
 
@@ -304,6 +391,7 @@ impl Agent {
         input: Input,
     ) -> Result<Done, WriteError> {
         self.stats.turns.fetch_add(1, Ordering::Relaxed);
+        self.saw_epoch(key, epoch);
         if ids.resume.is_some() {
             self.stats.resumes.fetch_add(1, Ordering::Relaxed);
         }
@@ -392,7 +480,7 @@ impl Agent {
             let mut next = held.state.clone();
             next.history.push(entry);
             next.last_turn = turn_id.cloned();
-            stop.guard(self.sidecar.checkpoint(key, epoch, &next)).await?;
+            stop.guard(self.write_checkpoint(key, epoch, &next)).await?;
             held.state = next;
         }
         Ok(Done { history_len: held.state.history.len(), epoch })

@@ -20,7 +20,7 @@ use clap::Parser;
 use serde_json::json;
 
 use crate::{
-    agent::{Agent, Input, Kind, StatsView, TurnIds},
+    agent::{Agent, Input, Kind, SessionEpochsView, StatsView, TurnIds},
     sidecar::{Sidecar, WriteError},
 };
 
@@ -68,6 +68,7 @@ fn router(agent: Arc<Agent>) -> Router {
         .route("/sessions/{key}/stand-down", post(stand_down))
         .route("/sessions/{key}/release", post(release))
         .route("/stats", get(stats))
+        .route("/session-epochs", get(session_epochs))
         .route("/hooks/pre-stop", get(pre_stop_hook))
         .with_state(agent)
 }
@@ -157,6 +158,11 @@ async fn cancel(State(agent): State<Arc<Agent>>, Path((key, turn_id)): Path<(Str
     let running = agent.cancel(&key, &turn_id).await;
     tracing::info!(session = key, turn = turn_id, running, "turn cancelled");
     StatusCode::NO_CONTENT
+}
+
+/// `GET /session-epochs`: the (session, epoch) pairs of the turns this agent was sent.
+async fn session_epochs(State(agent): State<Arc<Agent>>) -> Json<SessionEpochsView> {
+    Json(agent.session_epochs())
 }
 
 /// `GET /stats`: the agent's counters (`overlapping_turns` must stay 0).

@@ -52,6 +52,9 @@ struct Fake {
     /// `Leasehold-Checkpoint-Turn` on a checkpoint read: the turn that wrote it.
     checkpoint_turn: Mutex<Option<String>>,
     checkpoint_puts: Mutex<Vec<i64>>,
+    /// Checkpoint writes still to answer `503 store_unavailable` with a directive, after
+    /// storing them (the store took the write; its answer was lost).
+    checkpoint_lost_answers: Mutex<usize>,
     journal: Mutex<Value>,
     /// Every journal read: (turn id, its `Leasehold-Epoch`).
     journal_reads: Mutex<Vec<(String, Option<String>)>>,
@@ -72,11 +75,17 @@ async fn get_checkpoint(State(fake): State<Arc<Fake>>) -> Response {
     response
 }
 
-async fn put_checkpoint(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let Some(epoch) = epoch_of(&headers) else { return StatusCode::BAD_REQUEST };
+async fn put_checkpoint(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(epoch) = epoch_of(&headers) else { return StatusCode::BAD_REQUEST.into_response() };
     fake.checkpoint_puts.lock().unwrap().push(epoch);
     *fake.checkpoint.lock().unwrap() = Some(body.to_vec());
-    StatusCode::NO_CONTENT
+    let mut lost = fake.checkpoint_lost_answers.lock().unwrap();
+    if *lost > 0 {
+        *lost -= 1;
+        let refusal = json!({"error": "store_unavailable", "retry": {"delay_ms": 10, "budget_ms": 30000}});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(refusal)).into_response();
+    }
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn publish(State(fake): State<Arc<Fake>>, headers: HeaderMap, Json(event): Json<Value>) -> Response {
@@ -233,6 +242,39 @@ async fn a_turn_publishes_started_indexed_tokens_finished_and_checkpoints() {
     assert_eq!(h.checkpoint(), Some(json!({"history": ["hi"], "last_turn": "t-1"})));
     assert!(h.fake.journal_reads.lock().unwrap().is_empty(), "a first attempt reads no journal");
     assert_eq!(h.stats().await, StatsView { turns: 1, resumes: 0, cancels: 0, overlapping_turns: 0 });
+}
+
+/// A checkpoint write refused with a directive may have landed: the agent writes it
+/// again rather than tell the client the turn did not run.
+#[tokio::test]
+async fn a_checkpoint_refused_with_a_directive_is_written_again_not_passed_on() {
+    let h = Harness::new().await;
+    *h.fake.checkpoint_lost_answers.lock().unwrap() = 2;
+    let (status, answer) = h.turn("s", 3, "t-1", false, json!({"text": "hi", "tokens": 0})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer, json!({"history_len": 1, "epoch": 3, "node": "node-t"}));
+    assert_eq!(*h.fake.checkpoint_puts.lock().unwrap(), [3, 3, 3], "written three times, at its epoch");
+    assert_eq!(h.checkpoint(), Some(json!({"history": ["hi"], "last_turn": "t-1"})), "once in the history");
+}
+
+#[tokio::test]
+async fn the_session_epochs_of_the_turns_sent_are_listed_once_each() {
+    let h = Harness::new().await;
+    for (key, epoch, id) in [("s", 1, "t-1"), ("s", 1, "t-2"), ("s", 2, "t-3"), ("r", 7, "t-4")] {
+        let (status, answer) = h.turn(key, epoch, id, false, json!({"text": id, "tokens": 0})).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let response = h.http.get(format!("{}/session-epochs", h.agent_url)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let listed: Value = response.json().await.unwrap();
+    assert_eq!(
+        listed,
+        json!({"pairs": [
+            {"session": "r", "epoch": 7},
+            {"session": "s", "epoch": 1},
+            {"session": "s", "epoch": 2}
+        ], "dropped": 0})
+    );
 }
 
 #[tokio::test]

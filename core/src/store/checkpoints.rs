@@ -26,6 +26,41 @@ SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, updated_at = now(), turn_id = 
 WHERE c.epoch <= EXCLUDED.epoch
 "#;
 
+/// The checkpoint write with the fence gone (no lease check, no epoch check): what
+/// `LEASEHOLD_FAILPOINT_NO_FENCE=1` puts in place of [`PUT_CHECKPOINT_SQL`] in a debug
+/// build, so the randomized fault run can be shown to catch the defect the fence exists
+/// for. `$2` (the owner) is referenced only so that every parameter has a type.
+const UNFENCED_PUT_CHECKPOINT_SQL: &str = r#"
+INSERT INTO agent_checkpoints AS c (agent_key, epoch, data, updated_at, turn_id)
+SELECT $1, $3, $4, now(), $5 WHERE $2::text IS NOT NULL
+ON CONFLICT (agent_key) DO UPDATE
+SET epoch = EXCLUDED.epoch, data = EXCLUDED.data, updated_at = now(), turn_id = EXCLUDED.turn_id
+"#;
+
+/// `LEASEHOLD_FAILPOINT_NO_FENCE=1`: checkpoint writes skip the fence. Honoured only in
+/// debug builds (a release build has no way to turn the fence off); a test-only defect.
+pub const NO_FENCE_FAILPOINT: &str = "LEASEHOLD_FAILPOINT_NO_FENCE";
+
+/// The checkpoint write's statement: the fenced one, unless the failpoint removed the
+/// fence (debug builds only).
+fn put_checkpoint_sql() -> &'static str {
+    #[cfg(debug_assertions)]
+    {
+        static UNFENCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let unfenced = *UNFENCED.get_or_init(|| {
+            let on = std::env::var(NO_FENCE_FAILPOINT).is_ok_and(|v| v == "1");
+            if on {
+                tracing::warn!(failpoint = NO_FENCE_FAILPOINT, "failpoint: checkpoint writes are NOT fenced");
+            }
+            on
+        });
+        if unfenced {
+            return UNFENCED_PUT_CHECKPOINT_SQL;
+        }
+    }
+    PUT_CHECKPOINT_SQL
+}
+
 /// The same lease check without a write: the fence for event publishes.
 const CHECK_FENCE_SQL: &str = r#"
 SELECT 1 FROM agent_leases
@@ -94,7 +129,7 @@ pub async fn put_turn_checkpoint<'e>(
     turn_id: Option<&str>,
     data: &[u8],
 ) -> Result<()> {
-    let done = sqlx::query(PUT_CHECKPOINT_SQL)
+    let done = sqlx::query(put_checkpoint_sql())
         .bind(key.as_str())
         .bind(owner.as_str())
         .bind(epoch.0)

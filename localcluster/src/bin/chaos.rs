@@ -2,7 +2,8 @@
 //! loopback with a private Postgres, then a check of every session's history.
 //!
 //! Prints the seed first (replay a run with `--seed`), progress on stderr, the report at
-//! the end. Exits 0 with no anomaly, 1 with any, 2 when the run itself could not be done.
+//! the end. Exits 0 with no anomaly, 1 with any (or, with keyed clients, with any turn
+//! left ambiguous or in flight), 2 when the run itself could not be done.
 //! Every process is stopped (by PID) at the end, on error and on Ctrl-C.
 
 use std::{process::ExitCode, time::Duration};
@@ -25,6 +26,14 @@ struct Args {
     /// Sessions, each a client sending sequential turns.
     #[arg(long, default_value_t = 8)]
     sessions: usize,
+    /// Whether clients send every turn with an idempotency key (`--keyed false`: no
+    /// key; a turn that may have been received is never re-sent and may end ambiguous).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    keyed: bool,
+    /// The checker's self-test: every sidecar runs with its checkpoint fence off (a
+    /// debug-build failpoint); the run should then report anomalies (exit 1).
+    #[arg(long)]
+    without_fence: bool,
     /// Each turn asks the agent to think up to this long (e.g. `0ms`: turns are all
     /// store writes, so faults land on writes more often).
     #[arg(long, default_value = "150ms", value_parser = humantime::parse_duration)]
@@ -50,14 +59,20 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     let seed = args.seed.unwrap_or_else(rand::random);
     println!("chaos: seed {seed} (replay with --seed {seed})");
+    let mut cluster = ChaosOptions::short_leases();
+    if args.without_fence {
+        cluster.sidecar_env =
+            vec![vec![(chaos::NO_FENCE_FAILPOINT.to_owned(), "1".to_owned())]; cluster.nodes];
+    }
     let options = ChaosOptions {
         seed,
         faults: args.faults,
         sessions: args.sessions,
+        keyed: args.keyed,
         max_think: args.max_think,
         duration: args.duration,
         kinds: if args.kinds.is_empty() { FaultKind::ALL.to_vec() } else { args.kinds },
-        cluster: ChaosOptions::short_leases(),
+        cluster,
         verbose: args.verbose,
         keep_logs: args.keep_logs,
     };
@@ -73,11 +88,16 @@ async fn main() -> ExitCode {
     match report {
         Ok(report) => {
             println!("{report}");
-            if report.anomalies.is_empty() {
-                ExitCode::SUCCESS
-            } else {
+            if !report.anomalies.is_empty() {
                 println!("chaos: {} anomalies with seed {seed}", report.anomalies.len());
                 ExitCode::from(1)
+            } else if report.keyed && report.unresolved() > 0 {
+                // Keyed clients re-send until they have every turn's answer: a turn left
+                // without one is a turn the cluster never answered within the deadline.
+                println!("chaos: {} turns left without an answer with seed {seed}", report.unresolved());
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
             }
         }
         Err(e) => {

@@ -8,7 +8,9 @@
 //! is in the history at most once, and only after the last acknowledged turn sent before
 //! it. A turn whose final outcome was a refusal is not in the history. Every entry of a
 //! history is a turn some client sent. Every answer a turn gets is `200`, a directive
-//! (obeyed), or `502 owner_failed`.
+//! (obeyed), or `502 owner_failed`. One epoch of a session is one node's: no two nodes
+//! acknowledged turns at it, nor were their agents sent turns at it (the demo agents'
+//! `GET /session-epochs`).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -16,6 +18,9 @@ use std::{
 };
 
 use super::record::{Outcome, SessionLog, TurnRecord};
+
+/// Per node name, the (session, epoch) pairs its agents (all its boots) were sent turns at.
+pub type AgentEpochs = BTreeMap<String, BTreeSet<(String, i64)>>;
 
 /// Something that must never happen. Positions are 1-based, like `history_len`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +35,8 @@ pub enum Anomaly {
     OutOfOrder { session: String, earlier: String, later: String },
     /// A later acknowledgement carries a lower epoch than an earlier one.
     EpochBackwards { session: String, text: String, epoch: i64, before: i64 },
-    /// Two nodes acknowledged turns of one session at the same epoch: two writers.
+    /// Two nodes acknowledged turns of one session at the same epoch, or their agents
+    /// were sent turns of it at the same epoch: two writers.
     TwoWritersAtEpoch { session: String, epoch: i64, nodes: Vec<String> },
     /// A turn whose final outcome was a refusal (or giving up) is in the history.
     RefusedButApplied { session: String, text: String, reason: String },
@@ -88,7 +94,11 @@ impl fmt::Display for Anomaly {
                 write!(f, "{session}: {text} was acknowledged at epoch {epoch} after one at epoch {before}")
             }
             Anomaly::TwoWritersAtEpoch { session, epoch, nodes } => {
-                write!(f, "{session}: epoch {epoch} was acknowledged by {}", nodes.join(" and "))
+                write!(
+                    f,
+                    "{session}: epoch {epoch} was held by {} (acknowledged or sent to their agents)",
+                    nodes.join(" and ")
+                )
             }
             Anomaly::RefusedButApplied { session, text, reason } => {
                 write!(f, "{session}: {text} ended refused ({reason}) but is in the history")
@@ -108,24 +118,60 @@ impl fmt::Display for Anomaly {
     }
 }
 
-/// Every anomaly of the run: `histories` (session key → its history) against `logs`.
-/// A session with a log and no history has an empty one.
-pub fn check(histories: &BTreeMap<String, Vec<String>>, logs: &[SessionLog]) -> Vec<Anomaly> {
+/// Every anomaly of the run: `histories` (session key → its history) against `logs`, and
+/// the (session, epoch) pairs each node's agents were sent turns at (`agents`). A session
+/// with a log and no history has an empty one.
+pub fn check(
+    histories: &BTreeMap<String, Vec<String>>,
+    logs: &[SessionLog],
+    agents: &AgentEpochs,
+) -> Vec<Anomaly> {
+    // Session → epoch → the nodes whose agents were sent turns at it.
+    let mut dispatched: BTreeMap<&str, Epochs> = BTreeMap::new();
+    for (node, pairs) in agents {
+        for (session, epoch) in pairs {
+            dispatched.entry(session.as_str()).or_default().entry(*epoch).or_default().insert(node.as_str());
+        }
+    }
+    let none = Epochs::new();
     let empty = Vec::new();
     let mut anomalies = Vec::new();
     let logged: BTreeSet<&str> = logs.iter().map(|l| l.key.as_str()).collect();
     for log in logs {
         let history = histories.get(&log.key).unwrap_or(&empty);
-        anomalies.extend(check_session(&log.key, history, &log.turns));
+        let sent = dispatched.get(log.key.as_str()).unwrap_or(&none);
+        anomalies.extend(check_session_with(&log.key, history, &log.turns, sent));
     }
-    for (session, history) in histories.iter().filter(|(key, _)| !logged.contains(key.as_str())) {
-        anomalies.extend(check_session(session, history, &[]));
+    let unlogged: BTreeSet<&str> = histories
+        .keys()
+        .map(String::as_str)
+        .chain(dispatched.keys().copied())
+        .filter(|key| !logged.contains(key))
+        .collect();
+    for session in unlogged {
+        let history = histories.get(session).unwrap_or(&empty);
+        let sent = dispatched.get(session).unwrap_or(&none);
+        anomalies.extend(check_session_with(session, history, &[], sent));
     }
     anomalies
 }
 
-/// The anomalies of one session.
+/// Epoch → the nodes seen at it.
+type Epochs<'a> = BTreeMap<i64, BTreeSet<&'a str>>;
+
+/// The anomalies of one session, from its history and its client's log alone.
 pub fn check_session(session: &str, history: &[String], turns: &[TurnRecord]) -> Vec<Anomaly> {
+    check_session_with(session, history, turns, &Epochs::new())
+}
+
+/// The anomalies of one session; `sent`: the nodes whose agents were sent turns of it,
+/// by epoch.
+fn check_session_with(
+    session: &str,
+    history: &[String],
+    turns: &[TurnRecord],
+    sent: &Epochs,
+) -> Vec<Anomaly> {
     let mut found = Vec::new();
     let session = session.to_owned();
     // Where each text is (1-based), in history order.
@@ -133,14 +179,14 @@ pub fn check_session(session: &str, history: &[String], turns: &[TurnRecord]) ->
     for (i, text) in history.iter().enumerate() {
         positions.entry(text.as_str()).or_default().push(i + 1);
     }
-    let sent: HashMap<&str, &TurnRecord> = turns.iter().map(|t| (t.text.as_str(), t)).collect();
+    let by_text: HashMap<&str, &TurnRecord> = turns.iter().map(|t| (t.text.as_str(), t)).collect();
     for (i, text) in history.iter().enumerate() {
         let first = positions[text.as_str()][0];
         if first == i + 1 && positions[text.as_str()].len() > 1 {
             let positions = positions[text.as_str()].clone();
             found.push(Anomaly::Duplicated { session: session.clone(), text: text.clone(), positions });
         }
-        if !sent.contains_key(text.as_str()) {
+        if !by_text.contains_key(text.as_str()) {
             found.push(Anomaly::Unknown { session: session.clone(), text: text.clone(), position: i + 1 });
         }
     }
@@ -152,7 +198,7 @@ pub fn check_session(session: &str, history: &[String], turns: &[TurnRecord]) ->
     let mut last_present: Option<(&str, usize)> = None;
     // The last acknowledged turn so far: (text, epoch).
     let mut last_epoch: Option<(&str, i64)> = None;
-    let mut writers: BTreeMap<i64, BTreeSet<&str>> = BTreeMap::new();
+    let mut writers: Epochs = sent.clone();
     for turn in ordered {
         let text = turn.text.as_str();
         match &turn.outcome {
@@ -287,7 +333,7 @@ mod tests {
         let (history, turns) = clean_run();
         assert_eq!(check_session(KEY, &history, &turns), []);
         let histories = BTreeMap::from([(KEY.to_owned(), history)]);
-        assert_eq!(check(&histories, &[SessionLog { key: KEY.into(), turns }]), []);
+        assert_eq!(check(&histories, &[SessionLog { key: KEY.into(), turns }], &AgentEpochs::new()), []);
     }
 
     #[test]
@@ -358,6 +404,47 @@ mod tests {
         );
     }
 
+    fn agents(seen: &[(&str, &[(&str, i64)])]) -> AgentEpochs {
+        seen.iter()
+            .map(|(node, pairs)| (node.to_string(), pairs.iter().map(|(s, e)| (s.to_string(), *e)).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn two_agents_sent_turns_of_one_epoch_are_two_writers() {
+        let (history, turns) = clean_run(); // epoch 1 on node-a, 2 on node-b
+        let logs = [SessionLog { key: KEY.into(), turns }];
+        let histories = BTreeMap::from([(KEY.to_owned(), history)]);
+        // What the agents saw agrees with the acknowledgements (and node-c saw another
+        // session, and an epoch of ours nobody acknowledged): clean.
+        let agreeing =
+            agents(&[("node-a", &[(KEY, 1)]), ("node-b", &[(KEY, 2), (KEY, 3)]), ("node-c", &[("s1", 2)])]);
+        assert_eq!(check(&histories, &logs, &agreeing), []);
+        // node-c's agent was sent a turn of ours at epoch 2, which node-b acknowledged.
+        let planted = agents(&[("node-a", &[(KEY, 1)]), ("node-b", &[(KEY, 2)]), ("node-c", &[(KEY, 2)])]);
+        assert_eq!(
+            check(&histories, &logs, &planted),
+            [Anomaly::TwoWritersAtEpoch {
+                session: KEY.into(),
+                epoch: 2,
+                nodes: vec!["node-b".into(), "node-c".into()]
+            }]
+        );
+        // Two agents at an epoch no client was acknowledged at, of a session no client
+        // logged: still two writers.
+        let unlogged = agents(&[("node-a", &[("s7", 4)]), ("node-b", &[("s7", 4)])]);
+        let found = check(&histories, &logs, &unlogged);
+        assert_eq!(
+            found,
+            [Anomaly::TwoWritersAtEpoch {
+                session: "s7".into(),
+                epoch: 4,
+                nodes: vec!["node-a".into(), "node-b".into()]
+            }]
+        );
+        assert!(found[0].to_string().contains("s7: epoch 4 was held by node-a and node-b"), "{}", found[0]);
+    }
+
     #[test]
     fn a_refused_turn_in_the_history_was_applied() {
         let turns = [ack(1, 1, 1, "node-a"), refused(2), ack(3, 3, 1, "node-a")];
@@ -403,7 +490,10 @@ mod tests {
             [Anomaly::Unknown { session: KEY.into(), text: "event:zombie".into(), position: 2 }]
         );
         let histories = BTreeMap::from([("s9".to_owned(), vec!["s9-t1".to_owned()])]);
-        assert_eq!(check(&histories, &[]).iter().map(Anomaly::kind).collect::<Vec<_>>(), ["unknown_entry"]);
+        assert_eq!(
+            check(&histories, &[], &AgentEpochs::new()).iter().map(Anomaly::kind).collect::<Vec<_>>(),
+            ["unknown_entry"]
+        );
     }
 
     #[test]

@@ -1,18 +1,27 @@
 //! One session's client: sequential turns, each with a unique text, sent round-robin over
-//! the nodes' public ports, each with its text as its `Idempotency-Key`. It obeys retry
-//! directives (re-sends after `delay_ms`), and re-sends with the same key whatever may
-//! have been received (a timeout or a broken connection after sending, a body cut short,
-//! `502 owner_failed`): the journal runs a turn once however often it is sent, so the
-//! client keeps at it until it has the turn's answer, for up to [`TURN_DEADLINE`]. Only
-//! then is a turn recorded as ambiguous or refused. A refused connection (nothing was
-//! sent) goes to the next node at once.
+//! the nodes' public ports. It obeys retry directives (re-sends after `delay_ms`); a
+//! refused connection (nothing was sent) goes to the next node at once. Two kinds:
+//!
+//! - **Keyed** (the text is the turn's `Idempotency-Key`): it re-sends with the same key
+//!   whatever may have been received (a timeout or a broken connection after sending, a
+//!   body cut short, `502 owner_failed`) and past a directive's budget: the journal runs
+//!   a turn once however often it is sent, so the client keeps at it until it has the
+//!   turn's answer, for up to [`TURN_DEADLINE`]. Only then is a turn recorded as
+//!   ambiguous or refused.
+//! - **Unkeyed** (no key: each attempt is a new turn to the sidecar): it never re-sends a
+//!   request that may have been received (that turn is ambiguous), nor one refused with
+//!   a directive of [`MAY_BE_RESUMED`]; it obeys other directives until their budget (or
+//!   [`UNKEYED_DIRECTIVE_BUDGET`]) runs out, and the turn is then refused.
+//!
+//! In both, a turn ends refused only when nothing of it may have run; the checker
+//! verifies a refused turn is not in the history.
 
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use leasehold_core::directive::{directive_in, Obeying};
+use leasehold_core::directive::{directive_in, Obeying, RefusalBody};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use tokio::sync::watch;
@@ -32,6 +41,15 @@ const MAX_TURN_GAP_MS: u64 = 100;
 pub const TURN_DEADLINE: Duration = Duration::from_secs(45);
 /// Pause before re-sending a turn whose answer was lost (no directive to say how long).
 const RESEND_PAUSE: Duration = Duration::from_millis(200);
+/// A client without a key gives up on a turn refused with directives for this long in
+/// all (or the directive's own budget, when shorter): about as long as the longer faults
+/// of a run (a held store partition lasts up to 3 TTLs, 6 s), so that some turns do end
+/// refused and the checker verifies that they did not run.
+pub const UNKEYED_DIRECTIVE_BUDGET: Duration = Duration::from_secs(5);
+/// Directives that may come for a turn already journaled and halted, which the next
+/// owner resumes (docs/http-api.md, retry directives): without a key such a turn may
+/// still run, so it is ambiguous, never re-sent and never a clean refusal.
+pub const MAY_BE_RESUMED: [&str; 2] = ["fenced", "agent_unavailable"];
 /// How much of an unexpected body a record keeps.
 const BODY_EXCERPT: usize = 200;
 
@@ -46,6 +64,8 @@ pub struct Driver {
     nodes: Vec<String>,
     http: reqwest::Client,
     next_node: usize,
+    /// Whether turns carry an idempotency key (see the module's doc).
+    keyed: bool,
     max_think: Duration,
     rng: StdRng,
     log: SharedLog,
@@ -53,12 +73,13 @@ pub struct Driver {
 
 impl Driver {
     /// The client of session `key` over `nodes` (public base URLs), starting at node
-    /// `first`; each turn asks the agent to think up to `max_think`; `seed` varies the
-    /// think times and the pauses between turns.
+    /// `first`, with or without idempotency keys (`keyed`); each turn asks the agent to
+    /// think up to `max_think`; `seed` varies the think times and the pauses between turns.
     pub fn new(
         key: &str,
         nodes: Vec<String>,
         first: usize,
+        keyed: bool,
         max_think: Duration,
         seed: u64,
     ) -> reqwest::Result<Driver> {
@@ -71,7 +92,7 @@ impl Driver {
             .build()?;
         let log = Arc::new(Mutex::new(SessionLog { key: key.to_owned(), turns: Vec::new() }));
         let rng = StdRng::seed_from_u64(seed);
-        Ok(Driver { key: key.to_owned(), nodes, http, next_node: first, max_think, rng, log })
+        Ok(Driver { key: key.to_owned(), nodes, http, next_node: first, keyed, max_think, rng, log })
     }
 
     pub fn log(&self) -> SharedLog {
@@ -118,45 +139,50 @@ impl Driver {
     async fn turn(&mut self, text: &str) -> (Outcome, Vec<String>) {
         let think_ms = self.rng.random_range(0..=self.max_think.as_millis() as u64);
         let body = json!({ "text": text, "think_ms": think_ms, "tokens": 2 }).to_string();
-        let deadline = tokio::time::Instant::now() + TURN_DEADLINE;
+        let started = tokio::time::Instant::now();
+        let deadline = started + TURN_DEADLINE;
         let mut obeying = Obeying::default();
         let mut resent = Vec::new();
         let mut refused_connections = 0;
-        // Whether any attempt may have reached a node: then nothing is a clean refusal.
-        let mut reached = false;
+        // Whether the turn may have run (or may yet run) whatever comes next: an attempt
+        // that may have been received, or a directive that says a halted turn will be
+        // resumed. Then nothing is a clean refusal.
+        let mut may_have_run = false;
         let mut last: Outcome;
         loop {
             let url = self.next_url();
-            let sent = self
-                .http
-                .post(url)
-                .header("content-type", "application/json")
-                .header("idempotency-key", text)
-                .body(body.clone())
-                .send()
-                .await;
+            let mut request = self.http.post(url).header("content-type", "application/json");
+            if self.keyed {
+                request = request.header("idempotency-key", text);
+            }
+            let sent = request.body(body.clone()).send().await;
             last = match sent {
                 Ok(response) => {
                     refused_connections = 0;
-                    reached = true;
                     let status = response.status().as_u16();
                     match response.bytes().await {
-                        Err(e) => Outcome::Ambiguous(format!("{status}, then {}", describe(&e))),
+                        Err(e) => {
+                            may_have_run = true;
+                            Outcome::Ambiguous(format!("{status}, then {}", describe(&e)))
+                        }
                         Ok(body) => match directive_in(status, &body) {
-                            None => classify(status, &body),
+                            None => {
+                                may_have_run = true;
+                                classify(status, &body)
+                            }
                             Some(refusal) => {
-                                // The budget is the directive's advice; the key makes a
-                                // re-send past it safe, so only the deadline ends a turn.
-                                let delay = match obeying.obey(refusal) {
-                                    Ok(delay) => delay,
-                                    Err(last) => {
-                                        resent.extend(std::mem::take(&mut obeying).directives);
-                                        resent.push(format!("resent: past the budget of {}", last.error));
-                                        RESEND_PAUSE
+                                let code = refusal.error.clone();
+                                may_have_run |= MAY_BE_RESUMED.contains(&code.as_str());
+                                match self.obey(&mut obeying, refusal, may_have_run, started, &mut resent) {
+                                    Next::Resend(delay) => {
+                                        tokio::time::sleep(delay).await;
+                                        continue;
                                     }
-                                };
-                                tokio::time::sleep(delay).await;
-                                continue;
+                                    Next::End(outcome) => {
+                                        last = outcome;
+                                        break;
+                                    }
+                                }
                             }
                         },
                     }
@@ -167,7 +193,7 @@ impl Driver {
                         continue;
                     }
                     refused_connections = 0;
-                    match reached {
+                    match may_have_run {
                         true => Outcome::Ambiguous(
                             "no node accepted a connection after an earlier attempt".into(),
                         ),
@@ -175,12 +201,14 @@ impl Driver {
                     }
                 }
                 Err(e) => {
-                    reached = true;
+                    may_have_run = true;
                     Outcome::Ambiguous(describe(&e))
                 }
             };
             let settled = matches!(last, Outcome::Acknowledged(_) | Outcome::Unexpected { .. });
-            if settled || tokio::time::Instant::now() >= deadline {
+            // Without a key, nothing is re-sent once it may have been received: a re-send
+            // would be another turn.
+            if settled || !self.keyed || tokio::time::Instant::now() >= deadline {
                 break;
             }
             resent.push(format!("resent: {}", reason(&last)));
@@ -190,6 +218,56 @@ impl Driver {
         directives.extend(resent);
         (last, directives)
     }
+
+    /// What a directive leads to: a re-send after a delay, or the end of the turn.
+    ///
+    /// Keyed, the directive's budget is advice: the key makes a re-send past it safe, so
+    /// only [`TURN_DEADLINE`] ends the turn. Unkeyed, the client gives up once the
+    /// directive's budget, or its own [`UNKEYED_DIRECTIVE_BUDGET`], would be overrun, and
+    /// at once on a directive for a turn that may be resumed ([`MAY_BE_RESUMED`]): its
+    /// re-send would be a second turn. The turn ends refused when nothing of it may
+    /// have run (the checker then verifies it is not in the history), else ambiguous.
+    fn obey(
+        &self,
+        obeying: &mut Obeying,
+        refusal: RefusalBody,
+        may_have_run: bool,
+        started: tokio::time::Instant,
+        resent: &mut Vec<String>,
+    ) -> Next {
+        let code = refusal.error.clone();
+        let ends = |why: String| match may_have_run {
+            true => Next::End(Outcome::Ambiguous(why)),
+            false => Next::End(Outcome::Refused(why)),
+        };
+        if !self.keyed && MAY_BE_RESUMED.contains(&code.as_str()) {
+            obeying.directives.push(code.clone());
+            return ends(format!("503 {code}: may be resumed, not re-sent without a key"));
+        }
+        let now = tokio::time::Instant::now();
+        let delay = match obeying.obey(refusal) {
+            Ok(delay) if !self.keyed && now + delay > started + UNKEYED_DIRECTIVE_BUDGET => {
+                return ends(format!("gave up after {code}: past the client's budget"));
+            }
+            Ok(delay) => delay,
+            Err(_) if !self.keyed => return ends(format!("gave up after {code}: past its budget")),
+            Err(last) => {
+                resent.extend(std::mem::take(obeying).directives);
+                resent.push(format!("resent: past the budget of {}", last.error));
+                RESEND_PAUSE
+            }
+        };
+        if now + delay >= started + TURN_DEADLINE {
+            return ends(format!("gave up after {code}: past the turn's deadline"));
+        }
+        Next::Resend(delay)
+    }
+}
+
+/// After a directive: re-send after this long, or the turn ends so.
+enum Next {
+    Resend(Duration),
+    End(Outcome),
 }
 
 /// Why a turn is sent again, in a few words.

@@ -42,6 +42,8 @@ pub async fn inject(bed: &mut Testbed, fault: &Fault) -> Result<(), InjectError>
     let hold = fault.hold;
     match fault.kind {
         FaultKind::Kill9Restart => {
+            // What its agent was sent so far, before the kill loses it.
+            bed.collect_agent_epochs(fault.node).await;
             let node = &mut bed.cluster.nodes[fault.node];
             node.kill9();
             tokio::time::sleep(hold).await;
@@ -60,9 +62,11 @@ pub async fn inject(bed: &mut Testbed, fault: &Fault) -> Result<(), InjectError>
         FaultKind::DrainRestart => {
             let drain_timeout = bed.cluster.options.drain_timeout;
             let secret = bed.cluster.options.cluster_secret.clone();
-            let node = &mut bed.cluster.nodes[fault.node];
-            let drained = drain(node, secret.as_deref(), drain_timeout + DRAIN_MARGIN).await;
+            let drained =
+                drain(&bed.cluster.nodes[fault.node], secret.as_deref(), drain_timeout + DRAIN_MARGIN).await;
             tokio::time::sleep(hold).await;
+            bed.collect_agent_epochs(fault.node).await;
+            let node = &mut bed.cluster.nodes[fault.node];
             // The pod goes away whether or not its drain succeeded (as Kubernetes does
             // after the grace period); the report still says the drain failed.
             let restarted = restart(node).await;

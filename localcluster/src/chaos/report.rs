@@ -49,6 +49,8 @@ pub struct Report {
     pub seed: u64,
     pub nodes: usize,
     pub sessions: usize,
+    /// Whether the clients sent idempotency keys.
+    pub keyed: bool,
     pub lease_ttl: Duration,
     pub heartbeat: Duration,
     pub elapsed: Duration,
@@ -72,6 +74,13 @@ pub struct Report {
 impl Report {
     pub fn faults_injected(&self) -> usize {
         self.faults.values().sum()
+    }
+
+    /// Turns left without a known outcome (ambiguous, or in flight at the end). Keyed
+    /// clients re-send until they know, so with them any is a failure of the run;
+    /// without keys ambiguous turns are allowed.
+    pub fn unresolved(&self) -> usize {
+        self.turns.ambiguous + self.turns.pending
     }
 
     /// Anomalies by kind.
@@ -109,9 +118,10 @@ impl fmt::Display for Report {
         writeln!(f, "chaos run, seed {}", self.seed)?;
         writeln!(
             f,
-            "  {} nodes, {} sessions, lease ttl {} ms, heartbeat {} ms, {:.1} s",
+            "  {} nodes, {} sessions ({}), lease ttl {} ms, heartbeat {} ms, {:.1} s",
             self.nodes,
             self.sessions,
+            if self.keyed { "keyed clients" } else { "clients without idempotency keys" },
             ms(self.lease_ttl),
             ms(self.heartbeat),
             self.elapsed.as_secs_f64()

@@ -15,6 +15,7 @@ use super::{
     testbed::Testbed,
 };
 use crate::{Blackhole, ClusterOptions};
+pub use leasehold_core::store::checkpoints::NO_FENCE_FAILPOINT;
 
 /// Turns think up to this long by default: faults land in the middle of turns as well as
 /// on their writes.
@@ -39,6 +40,10 @@ pub struct ChaosOptions {
     /// Faults in the schedule.
     pub faults: usize,
     pub sessions: usize,
+    /// Whether the clients send each turn with an idempotency key (and so may re-send
+    /// it); without, a turn that may have been received is never re-sent and ends
+    /// ambiguous (see [`super::driver`]).
+    pub keyed: bool,
     /// Each turn asks the agent to think up to this long (so faults land mid-turn); the
     /// shorter, the larger the share of a turn spent writing to the store.
     pub max_think: Duration,
@@ -72,6 +77,7 @@ impl ChaosOptions {
             seed,
             faults: 32,
             sessions: 6,
+            keyed: true,
             max_think: DEFAULT_MAX_THINK,
             duration: Duration::from_secs(130),
             kinds: FaultKind::ALL.to_vec(),
@@ -80,7 +86,33 @@ impl ChaosOptions {
             keep_logs: false,
         }
     }
+
+    /// The short run with clients that send no idempotency key: 16 faults (at least one
+    /// of each kind), its fault phase bounded at 60 s, so that it adds under 2 minutes.
+    pub fn short_unkeyed(seed: u64) -> ChaosOptions {
+        ChaosOptions { faults: 16, keyed: false, duration: Duration::from_secs(60), ..Self::short(seed) }
+    }
+
+    /// The checker's self-test: a short run of `store_partition_mid_write` faults only,
+    /// turns that are all store writes, against sidecars whose checkpoint fence is off
+    /// ([`NO_FENCE_FAILPOINT`], honoured by debug builds only). It must report anomalies.
+    pub fn without_fence(seed: u64) -> ChaosOptions {
+        let mut cluster = Self::short_leases();
+        cluster.sidecar_env = vec![vec![(NO_FENCE_FAILPOINT.to_owned(), "1".to_owned())]; cluster.nodes];
+        ChaosOptions {
+            faults: SELF_TEST_FAULTS,
+            max_think: Duration::ZERO,
+            duration: Duration::from_secs(70),
+            kinds: vec![FaultKind::StorePartitionMidWrite],
+            cluster,
+            ..Self::short(seed)
+        }
+    }
 }
+
+/// Faults in the checker's self-test ([`ChaosOptions::without_fence`]): enough that a
+/// held write lands after a takeover in every run tried (see `chaos/mod.rs`).
+const SELF_TEST_FAULTS: usize = 16;
 
 /// The kinds of `wanted` this process can inject, and the others with why not.
 fn usable(wanted: &[FaultKind]) -> (Vec<FaultKind>, Vec<(FaultKind, String)>) {
@@ -128,7 +160,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
     let mut logs: Vec<SharedLog> = Vec::new();
     for i in 0..options.sessions {
         let seed = options.seed.wrapping_add(i as u64 + 1);
-        let driver = Driver::new(&format!("s{i}"), bed.public_urls(), i, options.max_think, seed)?;
+        let driver =
+            Driver::new(&format!("s{i}"), bed.public_urls(), i, options.keyed, options.max_think, seed)?;
         logs.push(driver.log());
         clients.spawn(driver.run(stopped.clone()));
     }
@@ -163,6 +196,10 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
     }
     tokio::time::sleep(ttl * SETTLE_TTLS).await;
 
+    for i in 0..nodes {
+        bed.collect_agent_epochs(i).await;
+    }
+    fault_errors.extend(bed.agent_epochs_lost.iter().cloned());
     let histories = bed.histories().await?;
     let logs: Vec<SessionLog> =
         logs.iter().map(|log| log.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()).collect();
@@ -173,7 +210,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
             }
         }
     }
-    let anomalies = checker::check(&histories, &logs);
+    let anomalies = checker::check(&histories, &logs, &bed.agent_epochs);
     if !anomalies.is_empty() || options.keep_logs {
         keep_evidence(&bed, options.seed, &histories, &logs);
     }
@@ -182,6 +219,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Report> {
         seed: options.seed,
         nodes,
         sessions: options.sessions,
+        keyed: options.keyed,
         lease_ttl: ttl,
         heartbeat: cluster.heartbeat,
         elapsed: started.elapsed(),

@@ -2,13 +2,17 @@
 //! (it can be stopped and started), and one cuttable [`StoreLink`] per node between that
 //! node's sidecar and the store.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
-use super::store_link::StoreLink;
+use super::{checker::AgentEpochs, store_link::StoreLink};
 use crate::{postgres::fresh_database, Cluster, ClusterOptions, Postgres};
+
+/// A live agent answers `GET /session-epochs` within this (it is a read of memory); a
+/// frozen or dead one does not, and its pairs since the last collection are lost.
+const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Fields drop in order: the processes go first, then the links, then the store.
 #[derive(Debug)]
@@ -20,6 +24,11 @@ pub struct Testbed {
     postgres_up: bool,
     /// The store, reached directly (not through a link).
     pub database_url: String,
+    /// What the agents said they were sent, collected before a restart loses it and at
+    /// the end of the run ([`Testbed::collect_agent_epochs`]).
+    pub agent_epochs: AgentEpochs,
+    /// Collections that failed: those agents' pairs since their last collection are lost.
+    pub agent_epochs_lost: Vec<String>,
 }
 
 impl Testbed {
@@ -33,7 +42,15 @@ impl Testbed {
         }
         let database_urls = links.iter().map(|link| Some(link.database_url(&database_url))).collect();
         let cluster = Cluster::start(&database_url, ClusterOptions { database_urls, ..options }).await?;
-        Ok(Testbed { cluster, links, postgres, postgres_up: true, database_url })
+        Ok(Testbed {
+            cluster,
+            links,
+            postgres,
+            postgres_up: true,
+            database_url,
+            agent_epochs: AgentEpochs::new(),
+            agent_epochs_lost: Vec::new(),
+        })
     }
 
     pub fn public_urls(&self) -> Vec<String> {
@@ -77,6 +94,34 @@ impl Testbed {
             node.wait_ready().await?;
         }
         Ok(())
+    }
+
+    /// Add node `i`'s agent's (session, epoch) pairs (`GET /session-epochs`) to
+    /// [`Testbed::agent_epochs`]; a failure is noted in [`Testbed::agent_epochs_lost`].
+    pub async fn collect_agent_epochs(&mut self, i: usize) {
+        let node = &self.cluster.nodes[i];
+        let url = format!("{}/session-epochs", node.agent_url());
+        let fetched = async {
+            let http = reqwest::Client::builder().timeout(AGENT_ANSWER_TIMEOUT).build()?;
+            http.get(url).send().await?.error_for_status()?.json::<serde_json::Value>().await
+        };
+        let listed = match fetched.await {
+            Ok(listed) => listed,
+            Err(e) => {
+                self.agent_epochs_lost.push(format!("{}: session epochs not collected: {e}", node.name));
+                return;
+            }
+        };
+        if listed["dropped"].as_u64().is_some_and(|n| n > 0) {
+            self.agent_epochs_lost
+                .push(format!("{}: its agent dropped {} session epochs", node.name, listed["dropped"]));
+        }
+        let seen = self.agent_epochs.entry(node.name.clone()).or_default();
+        for pair in listed["pairs"].as_array().into_iter().flatten() {
+            if let (Some(session), Some(epoch)) = (pair["session"].as_str(), pair["epoch"].as_i64()) {
+                seen.insert((session.to_owned(), epoch));
+            }
+        }
     }
 
     /// Every session's history, from its checkpoint (`{"history":[...]}`).
