@@ -463,3 +463,57 @@ async fn a_poison_turn_is_attempted_max_attempts_times_then_recorded_as_failed()
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(got_poison(), MAX_ATTEMPTS);
 }
+
+/// The agent counters summed over the cluster's nodes.
+async fn total(cluster: &Cluster, counter: &str) -> u64 {
+    let mut sum = 0;
+    for node in &cluster.nodes {
+        sum += stats(node).await[counter].as_u64().unwrap();
+    }
+    sum
+}
+
+/// A repeat of a key whose turn is running attaches to that attempt (`Runner::repeat`):
+/// sent through another pod while the owner's agent thinks, it gets the same answer as
+/// the first client, not a replay (nothing was recorded yet) and not a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeat_of_a_running_turn_attaches_to_it_through_another_pod() {
+    const KEY: &str = "attached";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    // Long enough for the repeat to arrive through node-b while the agent thinks.
+    let body = json!({ "text": "long", "think_ms": 3000, "tokens": 2 });
+    let key = [("idempotency-key", "attach-1")];
+    let first = tokio::spawn({
+        let (url, body) = (turns_url(a, KEY), body.to_string());
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .header("idempotency-key", "attach-1")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let (status, headers) = (response.status().as_u16(), response.headers().clone());
+            (status, headers, response.json::<Value>().await.unwrap())
+        }
+    });
+    support::eventually("the keyed turn is running on node-a's agent", || async {
+        stats(a).await["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let (status, headers, again) = post(b, KEY, &body, &key).await;
+    let (first_status, first_headers, first_body) = first.await.unwrap();
+    assert_eq!((first_status, status), (200, 200), "{first_body} / {again}");
+    assert_eq!(again, first_body, "the attached repeat gets the running attempt's answer");
+    assert!(!first_headers.contains_key("leasehold-replayed"));
+    assert!(!headers.contains_key("leasehold-replayed"), "attached, not replayed from the journal");
+    assert_eq!(total(&cluster, "turns").await, 2, "the agent ran the long turn once");
+    assert_eq!(support::history(&db, KEY).await, ["first", "long"]);
+    assert_eq!(a.metric("leasehold_turn_journal_total", "outcome=\"attached\"").await, 1.0);
+    assert_eq!(a.metric("leasehold_turn_journal_total", "outcome=\"replayed\"").await, 0.0);
+}
