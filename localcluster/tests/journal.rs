@@ -517,3 +517,38 @@ async fn a_repeat_of_a_running_turn_attaches_to_it_through_another_pod() {
     assert_eq!(a.metric("leasehold_turn_journal_total", "outcome=\"attached\"").await, 1.0);
     assert_eq!(a.metric("leasehold_turn_journal_total", "outcome=\"replayed\"").await, 0.0);
 }
+
+/// A client that gives up mid-turn (its timeout, a reload) does not abort the turn: it
+/// runs to its end at the owner, its answer is recorded and shown by `GET …/turns/{id}`,
+/// the history holds it once, and the agent is never told to cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_mid_turn_does_not_abort_it() {
+    const KEY: &str = "abandoned";
+    /// The client's patience: well inside the turn's 2 s of thinking.
+    const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let a = &cluster.nodes[0];
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let impatient = reqwest::Client::builder().timeout(CLIENT_TIMEOUT).build().unwrap();
+    let sent = impatient
+        .post(turns_url(a, KEY))
+        .header("idempotency-key", "left-1")
+        .body(json!({ "text": "abandoned", "think_ms": 2000, "tokens": 2 }).to_string())
+        .send()
+        .await;
+    assert!(sent.is_err_and(|e| e.is_timeout()), "the client gave up before the answer");
+    let turn_url = format!("{}/left-1", turns_url(&cluster.nodes[1], KEY));
+    let show = || async { reqwest::get(&turn_url).await.unwrap().json::<Value>().await.unwrap() };
+    support::eventually("the abandoned turn is recorded as finished", || async {
+        show().await["state"] == "finished"
+    })
+    .await;
+    let shown = show().await;
+    assert_eq!(shown["answer"]["status"], 200, "{shown}");
+    assert_eq!(shown["answer"]["body"]["history_len"], 2, "its own answer: {shown}");
+    assert_eq!(support::history(&db, KEY).await, ["first", "abandoned"]);
+    assert_eq!(total(&cluster, "cancels").await, 0, "nobody told the agent to stop");
+}
