@@ -552,3 +552,46 @@ async fn a_client_that_disconnects_mid_turn_does_not_abort_it() {
     assert_eq!(support::history(&db, KEY).await, ["first", "abandoned"]);
     assert_eq!(total(&cluster, "cancels").await, 0, "nobody told the agent to stop");
 }
+
+/// An event sent with `Leasehold-Multitask: reject` while a turn runs is not refused
+/// `409 busy`: events always enqueue. It is answered after the turn, which it did not
+/// overlap at the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_sent_with_reject_while_a_turn_runs_is_enqueued() {
+    const KEY: &str = "evented";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let long = tokio::spawn({
+        let url = turns_url(a, KEY);
+        async move {
+            let body = json!({ "text": "long", "think_ms": 2000, "tokens": 2 }).to_string();
+            let response = reqwest::Client::new().post(url).body(body).send().await.unwrap();
+            response.status().as_u16()
+        }
+    });
+    support::eventually("the long turn is running on node-a's agent", || async {
+        stats(a).await["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let event = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{KEY}/events", b.public_url()))
+        .header("leasehold-multitask", "reject")
+        .body(json!({ "name": "ping" }).to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = event.status().as_u16();
+    let text = event.text().await.unwrap();
+    assert_eq!(status, 200, "events always enqueue: {text}");
+    assert_eq!(long.await.unwrap(), 200);
+    assert_eq!(
+        support::history(&db, KEY).await,
+        ["first", "long", "event:ping"],
+        "the event ran after the turn it waited behind"
+    );
+    assert_eq!(total(&cluster, "overlapping_turns").await, 0, "never two at once at the agent");
+}
