@@ -595,3 +595,67 @@ async fn an_event_sent_with_reject_while_a_turn_runs_is_enqueued() {
     );
     assert_eq!(total(&cluster, "overlapping_turns").await, 0, "never two at once at the agent");
 }
+
+/// The queue is in the owner's memory: kill -9 of the owner while a long turn runs there
+/// and two keyed turns wait behind it, sent through node-b. Each waiting client gets an
+/// answer at once (`502 owner_failed` from node-b: it cannot tell whether a turn ran),
+/// never a hang; re-sent with their keys, all three turns get 200 and each is in the
+/// history once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn turns_queued_at_an_owner_killed_mid_turn_are_answered_and_run_once_when_resent() {
+    const KEY: &str = "lost-queue";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let mut cluster = Cluster::start(&db, short_leases()).await.unwrap();
+    let (status, _, _) = post(&cluster.nodes[0], KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let send = |node: &Node, turn: &'static str, think_ms: u64| {
+        let url = turns_url(node, KEY);
+        let body = json!({ "text": turn, "think_ms": think_ms, "tokens": 2 }).to_string();
+        tokio::spawn(async move {
+            // As the Rust client sends it: the digest of a keyed turn covers its content type.
+            let request = reqwest::Client::new().post(url).header("content-type", "application/json");
+            let sent = request.header("idempotency-key", turn).body(body).send().await;
+            match sent {
+                Ok(response) => Ok((response.status().as_u16(), response.text().await.unwrap_or_default())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    };
+    // Long enough that both queued turns are waiting behind it when node-a dies.
+    let long = send(&cluster.nodes[0], "long", 6000);
+    support::eventually("the long turn is running on node-a's agent", || async {
+        stats(&cluster.nodes[0]).await["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let queued = [send(&cluster.nodes[1], "q1", 100), send(&cluster.nodes[1], "q2", 100)];
+    support::eventually("both keyed turns wait in node-a's queue", || async {
+        cluster.nodes[0].metric("leasehold_in_flight_turns", "").await >= 3.0
+    })
+    .await;
+    cluster.nodes[0].kill9();
+    for waiting in queued {
+        let answered = tokio::time::timeout(WITHIN, waiting)
+            .await
+            .expect("a queued client is answered, not left hanging");
+        let (status, text) = answered.unwrap().expect("node-b answers its client");
+        assert_eq!(status, 502, "{text}");
+        assert!(text.contains("owner_failed"), "{text}");
+    }
+    assert!(long.await.unwrap().is_err(), "the running turn's connection died with its pod");
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    for (turn, think_ms) in [("long", 6000), ("q1", 100), ("q2", 100)] {
+        let body = json!({ "text": turn, "think_ms": think_ms, "tokens": 2 }).to_string();
+        let answer = others.post_keyed(&turns_url_path(KEY), body.into(), None, Some(turn)).await.unwrap();
+        assert_eq!(answer.status, 200, "{turn}: {:?}", answer.json());
+    }
+    let history = support::history(&db, KEY).await;
+    for turn in ["first", "long", "q1", "q2"] {
+        assert_eq!(history.iter().filter(|t| *t == turn).count(), 1, "{turn} once: {history:?}");
+    }
+    assert_eq!(history.len(), 4, "{history:?}");
+}
+
+fn turns_url_path(key: &str) -> String {
+    format!("/v1/sessions/{key}/turns")
+}
