@@ -659,3 +659,96 @@ async fn turns_queued_at_an_owner_killed_mid_turn_are_answered_and_run_once_when
 fn turns_url_path(key: &str) -> String {
     format!("/v1/sessions/{key}/turns")
 }
+
+/// SIGSTOP of the owner's pod past its TTL while a turn streams (tokens already out);
+/// the client retries with its key through another pod, which takes the session over
+/// and resumes the turn; then the frozen pod is resumed. The turn ran to its end once
+/// (resumed at epoch 2), the frozen owner's client gets no 200 from it, and observers get
+/// nothing of epoch 1 after the first frame of epoch 2: no zombie event after the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigstop_mid_turn_the_next_owner_resumes_it_once_and_the_zombie_publishes_nothing() {
+    const KEY: &str = "frozen";
+    const TOKENS: u64 = 10;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, short_leases()).await.unwrap();
+    let (status, _, _) = post(&cluster.nodes[0], KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let stream = format!("{}/v1/sessions/{KEY}/stream", cluster.nodes[2].public_url());
+    let mut observer = Observer::open(&stream, None).await.unwrap();
+
+    let body = json!({ "text": "long", "think_ms": 4000, "tokens": TOKENS });
+    let key = "frozen-turn";
+    let zombie_client = tokio::spawn({
+        let (url, body) = (turns_url(&cluster.nodes[0], KEY), body.to_string());
+        async move {
+            let request = reqwest::Client::new().post(url).header("content-type", "application/json");
+            let sent = request.header("idempotency-key", key).body(body).send().await;
+            match sent {
+                Ok(response) => Ok((response.status().as_u16(), response.text().await.unwrap_or_default())),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    });
+    observer
+        .until(WITHIN, |f| f.event.as_deref() == Some("token") && f.data.contains("\"i\":2"))
+        .await
+        .unwrap();
+    cluster.nodes[0].pause();
+    // The client gives up on node-a and re-sends through the others: they refuse with
+    // `takeover_pending` until node-a's lease lapses, then one takes over and resumes.
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    let answer =
+        others.post_keyed(&turns_url_path(KEY), body.to_string().into(), None, Some(key)).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    assert_eq!(support::history(&db, KEY).await, ["first", "long"]);
+    cluster.nodes[0].resume();
+    let zombie =
+        tokio::time::timeout(WITHIN, zombie_client).await.expect("the frozen owner's client is answered");
+    // A refusal, a broken connection, or the new owner's answer (node-a following the
+    // halted turn to it): never an answer of node-a's own attempt at epoch 1.
+    if let Ok((200, text)) = zombie.unwrap() {
+        let body: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(body["epoch"], 2, "the stale owner answered its turn: {text}");
+        assert_ne!(body["node"], "node-a", "the stale owner answered its turn: {text}");
+    }
+    // A next turn, through node-a itself now resumed: once the observer has its
+    // turn_finished, anything node-a's zombie attempt was going to publish has had its
+    // chance (it is published before node-a learns it lost the session, or never).
+    let next = Client::new(vec![cluster.nodes[0].public_url()])
+        .post(&turns_url_path(KEY), json!({ "text": "next", "tokens": 1 }).to_string().into(), None)
+        .await
+        .unwrap();
+    assert_eq!(next.status, 200, "{:?}", next.json());
+    observer.until(WITHIN, localcluster::observer::turn_finished(3)).await.unwrap();
+    assert_eq!(support::history(&db, KEY).await, ["first", "long", "next"], "the long turn once");
+
+    let epochs: Vec<(i64, u64)> = support::strictly_increasing(&observer.ids());
+    let first_new = epochs.iter().position(|(e, _)| *e >= 2).expect("frames of epoch 2");
+    assert!(
+        epochs[first_new..].iter().all(|(e, _)| *e >= 2),
+        "no epoch-1 frame after the takeover: {:?}",
+        observer.ids()
+    );
+    // The long turn's frames: from its turn_started to the next turn's.
+    let starts: Vec<usize> = observer
+        .seen
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.event.as_deref() == Some("turn_started"))
+        .map(|(i, _)| i)
+        .collect();
+    let frames: Vec<(Option<&str>, Option<&str>)> =
+        observer.seen.iter().map(|f| (f.id.as_deref(), f.event.as_deref())).collect();
+    // The stream opens with the journal: the first turn's frames are in it too.
+    assert_eq!(starts.len(), 3, "the first, long and next turns each started once: {frames:?}");
+    let long = &observer.seen[starts[1]..starts[2]];
+    let resumed: Vec<&str> = long
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("turn_resumed"))
+        .filter_map(|f| f.id.as_deref())
+        .collect();
+    assert!(resumed.len() == 1 && resumed[0].starts_with("2-"), "resumed once, at epoch 2: {resumed:?}");
+    let indexes: Vec<u64> = tokens(long).into_iter().map(|(_, i)| i).collect();
+    assert_eq!(indexes, (0..TOKENS).collect::<Vec<_>>(), "every token of the long turn once, in order");
+}
