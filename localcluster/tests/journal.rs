@@ -1,6 +1,8 @@
 //! Exactly-once turns (CONTRACT §9) on real processes: idempotency keys across pods, a
-//! turn resumed by the next owner after kill -9 with observers seeing each token once,
-//! one turn at a time per session, `reject` and `interrupt`, and a lost answer re-sent.
+//! repeat attached to its running attempt, a turn resumed by the next owner after kill -9
+//! or SIGSTOP with observers seeing each token once, a client's disconnect that aborts
+//! nothing, one turn at a time per session (events always enqueued, the queue lost with
+//! its owner), `reject` and `interrupt`, and a lost answer re-sent.
 
 mod support;
 
