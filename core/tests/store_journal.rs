@@ -185,3 +185,52 @@ async fn a_cancelled_turn_is_not_resumed_and_retention_collects_old_answers() {
     assert!(store.events_after(&s, None, 10).await.unwrap().is_empty());
     assert_eq!(store.get_turn(&s, "t2").await.unwrap().unwrap().state, TurnState::Running);
 }
+
+/// The session moves between `begin_turn`'s two statements (its insert finds the turn
+/// journaled, then the lease is taken over before the resume): the turn is still running,
+/// the next owner's to resume, so the stale owner is fenced, not told it stands (which
+/// the sidecar answered as a final `409 cancelled`). The takeover is made to land in
+/// that window by a trigger that fires on the insert attempt, inside the first statement.
+#[tokio::test]
+async fn a_takeover_between_begin_and_resume_fences_the_stale_owner() {
+    let store = store().await;
+    let a = boot(&store, "node-a", LONG_TTL).await;
+    let b = boot(&store, "node-b", LONG_TTL).await;
+    let s = key("raced");
+    store.claim(&s, &a).await.unwrap();
+    let t = turn("raced-1", b"{\"text\":\"raced\"}");
+    assert_eq!(store.begin_turn(&s, &a, Epoch(1), &t).await.unwrap(), Begun::Started);
+    // node-a's attempt is halted; as node-a begins it again, node-b takes the session over.
+    let takeover = format!(
+        "CREATE FUNCTION take_over() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+             UPDATE agent_leases SET owner = '{}', epoch = epoch + 1 WHERE agent_key = NEW.agent_key;
+             RETURN NEW;
+         END $$",
+        b.as_str()
+    );
+    sqlx::query(&takeover).execute(store.pool()).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER take_over BEFORE INSERT ON agent_turns FOR EACH ROW \
+         WHEN (NEW.turn_id = 'raced-1') EXECUTE FUNCTION take_over()",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let raced = store.begin_turn(&s, &a, Epoch(1), &t).await;
+    let shown = format!("{raced:?}");
+    assert!(fenced(raced), "a running turn the stale owner cannot resume: {shown}");
+    sqlx::query("DROP TRIGGER take_over ON agent_turns").execute(store.pool()).await.unwrap();
+    let lease: (String, i64) =
+        sqlx::query_as("SELECT owner, epoch FROM agent_leases WHERE agent_key = 'raced'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(lease, (b.as_str().to_owned(), 2), "the takeover landed inside begin_turn");
+    // Still running at epoch 1, untouched: the next owner resumes it.
+    let record = store.get_turn(&s, "raced-1").await.unwrap().unwrap();
+    assert_eq!((record.state, record.epoch, record.attempts), (TurnState::Running, Epoch(1), 1));
+    let Begun::Resumed(resumed) = store.begin_turn(&s, &b, Epoch(2), &t).await.unwrap() else {
+        panic!("the next owner resumes the raced turn")
+    };
+    assert_eq!((resumed.epoch, resumed.attempts), (Epoch(2), 2));
+}

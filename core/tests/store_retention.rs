@@ -8,8 +8,11 @@ mod support;
 use std::time::Duration;
 
 use leasehold_core::{
-    store::{checkpoints::put_checkpoint, retention::Collected, Claim, Error, LeaseStore},
-    Epoch, Owner,
+    store::{
+        checkpoints::put_checkpoint, retention::Collected, Answer, Append, Begun, Claim, Error, JournalEvent,
+        LeaseStore, NewTurn, TurnKind,
+    },
+    Epoch, EventId, Owner,
 };
 use support::{boot, key, store, LONG_TTL};
 
@@ -139,4 +142,65 @@ async fn a_recreated_key_cannot_be_written_by_its_earlier_incarnation() {
     // A key never seen still starts at epoch floor + 1 too; one of a database that never
     // collected anything at 1 (every other test).
     assert_eq!(store.claim(&key("fresh"), &a).await.unwrap(), Claim::Claimed { epoch: Epoch(3) });
+}
+
+/// Journal rows for `k`: its turns and its events.
+async fn journal_rows(store: &LeaseStore, k: &str) -> (i64, i64) {
+    let count = |table: &str| format!("SELECT count(*) FROM {table} WHERE agent_key = $1");
+    let turns = sqlx::query_scalar(&count("agent_turns")).bind(k).fetch_one(store.pool()).await.unwrap();
+    let events =
+        sqlx::query_scalar(&count("agent_turn_events")).bind(k).fetch_one(store.pool()).await.unwrap();
+    (turns, events)
+}
+
+/// A session with a finished turn and a running one, each with an event, and an event
+/// published between turns.
+async fn journal(store: &LeaseStore, k: &str, owner: &Owner, epoch: Epoch) {
+    let s = key(k);
+    for id in ["done", "running"] {
+        let turn = NewTurn { turn_id: id, kind: TurnKind::Turn, content_type: None, body: id.as_bytes() };
+        assert_eq!(store.begin_turn(&s, owner, epoch, &turn).await.unwrap(), Begun::Started);
+    }
+    let answer = Answer { status: 200, content_type: None, body: b"{}".to_vec() };
+    store.finish_turn(&s, owner, epoch, "done", &answer).await.unwrap();
+    let events: Vec<Append> = [Some("done"), Some("running"), None]
+        .into_iter()
+        .zip(1u64..)
+        .map(|(turn_id, seq)| Append {
+            key: s.clone(),
+            owner: owner.clone(),
+            event: JournalEvent {
+                id: EventId { epoch, seq },
+                turn_id: turn_id.map(str::to_owned),
+                kind: "token".to_owned(),
+                data: "{}".to_owned(),
+            },
+        })
+        .collect();
+    assert_eq!(store.append_events(&events).await.unwrap().len(), 3);
+    assert_eq!(journal_rows(store, k).await, (2, 3));
+}
+
+/// A collected session's journal goes with it: its turns (finished or still running) and
+/// their events; a session that is held keeps all of its journal, however old.
+#[tokio::test]
+async fn a_collected_session_takes_its_journal_with_it_and_a_held_one_keeps_it() {
+    let store = store().await;
+    let live = boot(&store, "live", LONG_TTL).await;
+    let dead = boot(&store, "dead", LONG_TTL).await;
+    let held = claim_and_checkpoint(&store, "held", &live).await;
+    journal(&store, "held", &live, held).await;
+    let gone = claim_and_checkpoint(&store, "gone", &dead).await;
+    journal(&store, "gone", &dead, gone).await;
+    for k in ["held", "gone"] {
+        age_lease(&store, k, 40).await;
+    }
+    died(&store, &dead, 40).await;
+
+    let collected = store.collect(SESSIONS, NODES, 100).await.unwrap();
+    assert_eq!(collected.sessions, 1, "only the session nobody holds");
+    assert!(!exists(&store, "agent_leases", "agent_key", "gone").await);
+    assert_eq!(journal_rows(&store, "gone").await, (0, 0), "its turns and events went with it");
+    assert!(exists(&store, "agent_leases", "agent_key", "held").await);
+    assert_eq!(journal_rows(&store, "held").await, (2, 3), "a held session keeps its journal");
 }

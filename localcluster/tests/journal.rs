@@ -1,6 +1,8 @@
 //! Exactly-once turns (CONTRACT §9) on real processes: idempotency keys across pods, a
-//! turn resumed by the next owner after kill -9 with observers seeing each token once,
-//! one turn at a time per session, `reject` and `interrupt`, and a lost answer re-sent.
+//! repeat attached to its running attempt, a turn resumed by the next owner after kill -9
+//! or SIGSTOP with observers seeing each token once, a client's disconnect that aborts
+//! nothing, one turn at a time per session (events always enqueued, the queue lost with
+//! its owner), `reject` and `interrupt`, and a lost answer re-sent.
 
 mod support;
 
@@ -462,4 +464,293 @@ async fn a_poison_turn_is_attempted_max_attempts_times_then_recorded_as_failed()
     // Three more sweeps: nobody picks the failed turn up again.
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(got_poison(), MAX_ATTEMPTS);
+}
+
+/// The agent counters summed over the cluster's nodes.
+async fn total(cluster: &Cluster, counter: &str) -> u64 {
+    let mut sum = 0;
+    for node in &cluster.nodes {
+        sum += stats(node).await[counter].as_u64().unwrap();
+    }
+    sum
+}
+
+/// A repeat of a key whose turn is running attaches to that attempt (`Runner::repeat`):
+/// sent through another pod while the owner's agent thinks, it gets the same answer as
+/// the first client, not a replay (nothing was recorded yet) and not a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeat_of_a_running_turn_attaches_to_it_through_another_pod() {
+    const KEY: &str = "attached";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    // Long enough for the repeat to arrive through node-b while the agent thinks.
+    let body = json!({ "text": "long", "think_ms": 3000, "tokens": 2 });
+    let key = [("idempotency-key", "attach-1")];
+    let first = tokio::spawn({
+        let (url, body) = (turns_url(a, KEY), body.to_string());
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .header("idempotency-key", "attach-1")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let (status, headers) = (response.status().as_u16(), response.headers().clone());
+            (status, headers, response.json::<Value>().await.unwrap())
+        }
+    });
+    support::eventually("the keyed turn is running on node-a's agent", || async {
+        stats(a).await["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let (status, headers, again) = post(b, KEY, &body, &key).await;
+    let (first_status, first_headers, first_body) = first.await.unwrap();
+    assert_eq!((first_status, status), (200, 200), "{first_body} / {again}");
+    assert_eq!(again, first_body, "the attached repeat gets the running attempt's answer");
+    assert!(!first_headers.contains_key("leasehold-replayed"));
+    assert!(!headers.contains_key("leasehold-replayed"), "attached, not replayed from the journal");
+    assert_eq!(total(&cluster, "turns").await, 2, "the agent ran the long turn once");
+    assert_eq!(support::history(&db, KEY).await, ["first", "long"]);
+    assert_eq!(a.metric("leasehold_turn_journal_total", "outcome=\"attached\"").await, 1.0);
+    assert_eq!(a.metric("leasehold_turn_journal_total", "outcome=\"replayed\"").await, 0.0);
+}
+
+/// A client that gives up mid-turn (its timeout, a reload) does not abort the turn: it
+/// runs to its end at the owner, its answer is recorded and shown by `GET …/turns/{id}`,
+/// the history holds it once, and the agent is never told to cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_mid_turn_does_not_abort_it() {
+    const KEY: &str = "abandoned";
+    /// The client's patience: well inside the turn's 2 s of thinking.
+    const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let a = &cluster.nodes[0];
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let impatient = reqwest::Client::builder().timeout(CLIENT_TIMEOUT).build().unwrap();
+    let sent = impatient
+        .post(turns_url(a, KEY))
+        .header("idempotency-key", "left-1")
+        .body(json!({ "text": "abandoned", "think_ms": 2000, "tokens": 2 }).to_string())
+        .send()
+        .await;
+    assert!(sent.is_err_and(|e| e.is_timeout()), "the client gave up before the answer");
+    let turn_url = format!("{}/left-1", turns_url(&cluster.nodes[1], KEY));
+    let show = || async { reqwest::get(&turn_url).await.unwrap().json::<Value>().await.unwrap() };
+    support::eventually("the abandoned turn is recorded as finished", || async {
+        show().await["state"] == "finished"
+    })
+    .await;
+    let shown = show().await;
+    assert_eq!(shown["answer"]["status"], 200, "{shown}");
+    assert_eq!(shown["answer"]["body"]["history_len"], 2, "its own answer: {shown}");
+    assert_eq!(support::history(&db, KEY).await, ["first", "abandoned"]);
+    assert_eq!(total(&cluster, "cancels").await, 0, "nobody told the agent to stop");
+}
+
+/// An event sent with `Leasehold-Multitask: reject` while a turn runs is not refused
+/// `409 busy`: events always enqueue. It is answered after the turn, which it did not
+/// overlap at the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_sent_with_reject_while_a_turn_runs_is_enqueued() {
+    const KEY: &str = "evented";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, ClusterOptions::default()).await.unwrap();
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (status, _, _) = post(a, KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let long = tokio::spawn({
+        let url = turns_url(a, KEY);
+        async move {
+            let body = json!({ "text": "long", "think_ms": 2000, "tokens": 2 }).to_string();
+            let response = reqwest::Client::new().post(url).body(body).send().await.unwrap();
+            response.status().as_u16()
+        }
+    });
+    support::eventually("the long turn is running on node-a's agent", || async {
+        stats(a).await["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let event = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{KEY}/events", b.public_url()))
+        .header("leasehold-multitask", "reject")
+        .body(json!({ "name": "ping" }).to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = event.status().as_u16();
+    let text = event.text().await.unwrap();
+    assert_eq!(status, 200, "events always enqueue: {text}");
+    assert_eq!(long.await.unwrap(), 200);
+    assert_eq!(
+        support::history(&db, KEY).await,
+        ["first", "long", "event:ping"],
+        "the event ran after the turn it waited behind"
+    );
+    assert_eq!(total(&cluster, "overlapping_turns").await, 0, "never two at once at the agent");
+}
+
+/// The queue is in the owner's memory: kill -9 of the owner while a long turn runs there
+/// and two keyed turns wait behind it, sent through node-b. Each waiting client gets an
+/// answer at once (`502 owner_failed` from node-b: it cannot tell whether a turn ran),
+/// never a hang; re-sent with their keys, all three turns get 200 and each is in the
+/// history once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn turns_queued_at_an_owner_killed_mid_turn_are_answered_and_run_once_when_resent() {
+    const KEY: &str = "lost-queue";
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let mut cluster = Cluster::start(&db, short_leases()).await.unwrap();
+    let (status, _, _) = post(&cluster.nodes[0], KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let send = |node: &Node, turn: &'static str, think_ms: u64| {
+        let url = turns_url(node, KEY);
+        let body = json!({ "text": turn, "think_ms": think_ms, "tokens": 2 }).to_string();
+        tokio::spawn(async move {
+            // As the Rust client sends it: the digest of a keyed turn covers its content type.
+            let request = reqwest::Client::new().post(url).header("content-type", "application/json");
+            let sent = request.header("idempotency-key", turn).body(body).send().await;
+            match sent {
+                Ok(response) => Ok((response.status().as_u16(), response.text().await.unwrap_or_default())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    };
+    // Long enough that both queued turns are waiting behind it when node-a dies.
+    let long = send(&cluster.nodes[0], "long", 6000);
+    support::eventually("the long turn is running on node-a's agent", || async {
+        stats(&cluster.nodes[0]).await["turns"].as_u64() >= Some(2)
+    })
+    .await;
+    let queued = [send(&cluster.nodes[1], "q1", 100), send(&cluster.nodes[1], "q2", 100)];
+    support::eventually("both keyed turns wait in node-a's queue", || async {
+        cluster.nodes[0].metric("leasehold_in_flight_turns", "").await >= 3.0
+    })
+    .await;
+    cluster.nodes[0].kill9();
+    for waiting in queued {
+        let answered = tokio::time::timeout(WITHIN, waiting)
+            .await
+            .expect("a queued client is answered, not left hanging");
+        let (status, text) = answered.unwrap().expect("node-b answers its client");
+        assert_eq!(status, 502, "{text}");
+        assert!(text.contains("owner_failed"), "{text}");
+    }
+    assert!(long.await.unwrap().is_err(), "the running turn's connection died with its pod");
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    for (turn, think_ms) in [("long", 6000), ("q1", 100), ("q2", 100)] {
+        let body = json!({ "text": turn, "think_ms": think_ms, "tokens": 2 }).to_string();
+        let answer = others.post_keyed(&turns_url_path(KEY), body.into(), None, Some(turn)).await.unwrap();
+        assert_eq!(answer.status, 200, "{turn}: {:?}", answer.json());
+    }
+    let history = support::history(&db, KEY).await;
+    for turn in ["first", "long", "q1", "q2"] {
+        assert_eq!(history.iter().filter(|t| *t == turn).count(), 1, "{turn} once: {history:?}");
+    }
+    assert_eq!(history.len(), 4, "{history:?}");
+}
+
+fn turns_url_path(key: &str) -> String {
+    format!("/v1/sessions/{key}/turns")
+}
+
+/// SIGSTOP of the owner's pod past its TTL while a turn streams (tokens already out);
+/// the client retries with its key through another pod, which takes the session over
+/// and resumes the turn; then the frozen pod is resumed. The turn ran to its end once
+/// (resumed at epoch 2), the frozen owner's client gets no 200 from it, and observers get
+/// nothing of epoch 1 after the first frame of epoch 2: no zombie event after the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigstop_mid_turn_the_next_owner_resumes_it_once_and_the_zombie_publishes_nothing() {
+    const KEY: &str = "frozen";
+    const TOKENS: u64 = 10;
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let cluster = Cluster::start(&db, short_leases()).await.unwrap();
+    let (status, _, _) = post(&cluster.nodes[0], KEY, &json!({ "text": "first", "tokens": 1 }), &[]).await;
+    assert_eq!(status, 200);
+    let stream = format!("{}/v1/sessions/{KEY}/stream", cluster.nodes[2].public_url());
+    let mut observer = Observer::open(&stream, None).await.unwrap();
+
+    let body = json!({ "text": "long", "think_ms": 4000, "tokens": TOKENS });
+    let key = "frozen-turn";
+    let zombie_client = tokio::spawn({
+        let (url, body) = (turns_url(&cluster.nodes[0], KEY), body.to_string());
+        async move {
+            let request = reqwest::Client::new().post(url).header("content-type", "application/json");
+            let sent = request.header("idempotency-key", key).body(body).send().await;
+            match sent {
+                Ok(response) => Ok((response.status().as_u16(), response.text().await.unwrap_or_default())),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    });
+    observer
+        .until(WITHIN, |f| f.event.as_deref() == Some("token") && f.data.contains("\"i\":2"))
+        .await
+        .unwrap();
+    cluster.nodes[0].pause();
+    // The client gives up on node-a and re-sends through the others: they refuse with
+    // `takeover_pending` until node-a's lease lapses, then one takes over and resumes.
+    let others = Client::new(vec![cluster.nodes[1].public_url(), cluster.nodes[2].public_url()]);
+    let answer =
+        others.post_keyed(&turns_url_path(KEY), body.to_string().into(), None, Some(key)).await.unwrap();
+    assert_eq!((answer.status, answer.epoch), (200, Some(2)), "{:?}", answer.json());
+    assert_eq!(support::history(&db, KEY).await, ["first", "long"]);
+    cluster.nodes[0].resume();
+    let zombie =
+        tokio::time::timeout(WITHIN, zombie_client).await.expect("the frozen owner's client is answered");
+    // A refusal, a broken connection, or the new owner's answer (node-a following the
+    // halted turn to it): never an answer of node-a's own attempt at epoch 1.
+    if let Ok((200, text)) = zombie.unwrap() {
+        let body: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(body["epoch"], 2, "the stale owner answered its turn: {text}");
+        assert_ne!(body["node"], "node-a", "the stale owner answered its turn: {text}");
+    }
+    // A next turn, through node-a itself now resumed: once the observer has its
+    // turn_finished, anything node-a's zombie attempt was going to publish has had its
+    // chance (it is published before node-a learns it lost the session, or never).
+    let next = Client::new(vec![cluster.nodes[0].public_url()])
+        .post(&turns_url_path(KEY), json!({ "text": "next", "tokens": 1 }).to_string().into(), None)
+        .await
+        .unwrap();
+    assert_eq!(next.status, 200, "{:?}", next.json());
+    observer.until(WITHIN, localcluster::observer::turn_finished(3)).await.unwrap();
+    assert_eq!(support::history(&db, KEY).await, ["first", "long", "next"], "the long turn once");
+
+    let epochs: Vec<(i64, u64)> = support::strictly_increasing(&observer.ids());
+    let first_new = epochs.iter().position(|(e, _)| *e >= 2).expect("frames of epoch 2");
+    assert!(
+        epochs[first_new..].iter().all(|(e, _)| *e >= 2),
+        "no epoch-1 frame after the takeover: {:?}",
+        observer.ids()
+    );
+    // The long turn's frames: from its turn_started to the next turn's.
+    let starts: Vec<usize> = observer
+        .seen
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.event.as_deref() == Some("turn_started"))
+        .map(|(i, _)| i)
+        .collect();
+    let frames: Vec<(Option<&str>, Option<&str>)> =
+        observer.seen.iter().map(|f| (f.id.as_deref(), f.event.as_deref())).collect();
+    // The stream opens with the journal: the first turn's frames are in it too.
+    assert_eq!(starts.len(), 3, "the first, long and next turns each started once: {frames:?}");
+    let long = &observer.seen[starts[1]..starts[2]];
+    let resumed: Vec<&str> = long
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("turn_resumed"))
+        .filter_map(|f| f.id.as_deref())
+        .collect();
+    assert!(resumed.len() == 1 && resumed[0].starts_with("2-"), "resumed once, at epoch 2: {resumed:?}");
+    let indexes: Vec<u64> = tokens(long).into_iter().map(|(_, i)| i).collect();
+    assert_eq!(indexes, (0..TOKENS).collect::<Vec<_>>(), "every token of the long turn once, in order");
 }

@@ -254,4 +254,77 @@ mod tests {
         assert_eq!(ids[0], ids[1], "the retry carries the first attempt's id");
         assert!(uuid::Uuid::parse_str(&ids[0]).is_ok(), "{ids:?}");
     }
+
+    /// A stand-in server that reads the first request in full and then drops the
+    /// connection without a word (as an owner killed mid-turn); it answers every later
+    /// request `200 {}`. Records each request's `Idempotency-Key`.
+    async fn reset_once() -> (String, Arc<Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                // The head, then the body its Content-Length announces.
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    let n = socket.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "the client closed before sending its request");
+                    request.extend_from_slice(&chunk[..n]);
+                    if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&request[..head_end]).to_lowercase();
+                let header = |name: &str| {
+                    head.lines()
+                        .find_map(|line| line.strip_prefix(name).map(|v| v.trim().to_owned()))
+                        .unwrap_or_default()
+                };
+                let length: usize = header("content-length:").parse().unwrap_or(0);
+                while request.len() < head_end + length {
+                    let n = socket.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "the client closed mid-body");
+                    request.extend_from_slice(&chunk[..n]);
+                }
+                let first = {
+                    let mut log = log.lock().unwrap();
+                    log.push(header("idempotency-key:"));
+                    log.len() == 1
+                };
+                if first {
+                    drop(socket); // read, never answered
+                    continue;
+                }
+                let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+                socket.write_all(ok.as_bytes()).await.unwrap();
+                socket.shutdown().await.unwrap();
+            }
+        });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn a_connection_reset_after_sending_is_resent_with_the_same_key() {
+        let (url, seen) = reset_once().await;
+        let client = Client::new(vec![url]);
+        let answer = client
+            .post_keyed("/v1/sessions/k/turns", Bytes::from_static(b"{}"), None, Some("order-9"))
+            .await
+            .unwrap();
+        assert_eq!((answer.status, answer.directives.clone()), (200, vec![RESENT.to_owned()]));
+        assert_eq!(&answer.body[..], b"{}");
+        let keys = seen.lock().unwrap().clone();
+        assert_eq!(keys, ["order-9", "order-9"], "the re-send carries the caller's key");
+
+        let (url, seen) = reset_once().await;
+        let once = Client::new(vec![url]).without_resends();
+        let raw =
+            once.post_keyed("/v1/sessions/k/turns", Bytes::from_static(b"{}"), None, Some("order-9")).await;
+        assert!(matches!(raw, Err(ClientError::Http(_))), "surfaced when re-sends are off: {raw:?}");
+        assert_eq!(seen.lock().unwrap().len(), 1);
+    }
 }

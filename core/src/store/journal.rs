@@ -145,8 +145,8 @@ pub enum Begun {
     /// without an answer): now at ours, attempt `attempts`; dispatch it as a resume. The
     /// caller runs one turn of a session at a time, so no attempt of it is under way.
     Resumed(TurnRecord),
-    /// Already journaled and not resumable by us: finished, cancelled, or running at our
-    /// own epoch (an attempt of this node is under way).
+    /// Already journaled and ended: finished or cancelled. (A turn still running that we
+    /// cannot take over is `Err(Fenced)`: the session moved.)
     Existing(TurnRecord),
 }
 
@@ -326,7 +326,8 @@ impl LeaseStore {
     /// owner/epoch no longer holds the session). A turn id seen before is not journaled
     /// again: one still running is taken over at our epoch ([`Begun::Resumed`]), any
     /// other is returned as it stands ([`Begun::Existing`]); the caller compares digests.
-    /// The caller runs one turn of a session at a time.
+    /// One still running that we cannot take over (the session moved between the
+    /// statements) is `Err(Fenced)`. The caller runs one turn of a session at a time.
     pub async fn begin_turn(
         &self,
         key: &SessionKey,
@@ -360,6 +361,12 @@ impl LeaseStore {
             return Ok(Begun::Resumed(resumed));
         }
         match self.get_turn(key, turn.turn_id).await? {
+            // Running, yet not ours to take over: the lease moved between the two
+            // statements (or the next owner took the turn over already). It is that
+            // owner's to resume, not a turn that ended: fenced, like a write.
+            Some(existing) if existing.state == TurnState::Running => {
+                Err(Error::Fenced { key: key.clone(), epoch })
+            }
             Some(existing) => Ok(Begun::Existing(existing)),
             // Collected between the two statements: journal it anew.
             None => Box::pin(self.begin_turn(key, owner, epoch, turn)).await,

@@ -1,9 +1,10 @@
 """docs/http-api.md (turn journal, exactly-once, resume, one turn at a time) and the forwarded
 client headers of §2/§4, through the SDK against real sidecars.
 
-The SDK side of each is implemented; the server side is being built. Each test is marked
-`awaits_server(feature)` and skipped, with what the probe found, while the sidecar under
-test does not implement that feature (see `harness.probe_server_features`)."""
+Each test is marked `awaits_server(feature)` with the server-side feature it needs. The
+sidecar implements all of them; a sidecar under test that lacks one (the probe in
+`harness.probe_server_features` says so) fails the test, naming what the probe found: it
+is never skipped."""
 
 from __future__ import annotations
 
