@@ -6,7 +6,7 @@
 //! that shows a session is no longer ours (a fenced write, a lost boot, a claim naming
 //! someone else) stands it down: its in-flight turn is halted and the agent is told.
 
-mod holders;
+pub(crate) mod holders;
 mod journal;
 
 pub use holders::MAX_TRUST as HOLDER_MAX_TRUST;
