@@ -21,6 +21,8 @@ pub struct LogFollower {
     pub pod: String,
     pub container: String,
     lines: Arc<Mutex<Vec<String>>>,
+    /// Set once the API server has opened the log stream.
+    attached: watch::Receiver<bool>,
     ended: watch::Receiver<bool>,
 }
 
@@ -28,6 +30,7 @@ impl LogFollower {
     pub fn start(api: Api<Pod>, pod: &str, container: &str) -> LogFollower {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (ended_tx, ended) = watch::channel(false);
+        let (attached_tx, attached) = watch::channel(false);
         let (pod_name, container_name) = (pod.to_owned(), container.to_owned());
         tokio::spawn({
             let lines = lines.clone();
@@ -36,6 +39,7 @@ impl LogFollower {
                     LogParams { container: Some(container_name), follow: true, ..LogParams::default() };
                 match api.log_stream(&pod_name, &params).await {
                     Ok(stream) => {
+                        attached_tx.send_replace(true);
                         let mut stream = stream.lines();
                         while let Some(line) = stream.next().await {
                             match line {
@@ -55,11 +59,24 @@ impl LogFollower {
                 ended_tx.send_replace(true);
             }
         });
-        LogFollower { pod: pod.to_owned(), container: container.to_owned(), lines, ended }
+        LogFollower { pod: pod.to_owned(), container: container.to_owned(), lines, attached, ended }
     }
 
     pub fn lines(&self) -> Vec<String> {
         self.lines.lock().expect("log lock").clone()
+    }
+
+    /// Wait until the log stream is open (from the container's start, so no line before
+    /// this is missed, and the container may now exit) or `timeout` passes. False also
+    /// when the stream could not be opened.
+    pub async fn attached(&self, timeout: Duration) -> bool {
+        let mut attached = self.attached.clone();
+        let mut ended = self.ended.clone();
+        tokio::select! {
+            opened = tokio::time::timeout(timeout, attached.wait_for(|a| *a)) => opened.is_ok_and(|r| r.is_ok()),
+            // Ended without opening (the stream could not be opened): not attached.
+            _ = ended.wait_for(|e| *e) => *self.attached.borrow(),
+        }
     }
 
     /// Wait until the log ends (the container exited) or `timeout` passes.

@@ -389,6 +389,9 @@ async fn check_drained(
 /// How long an old pod's sidecar may take to exit once its pod is deleted: the pod's
 /// grace period (drainTimeout 10 s + the operator's 10 s margin) with room to spare.
 const SIDECAR_EXIT_WITHIN: Duration = Duration::from_secs(90);
+/// A log follow request is open within this: one API server round trip to the kubelet,
+/// generous for a loaded kind cluster.
+const FOLLOWER_ATTACH_WITHIN: Duration = Duration::from_secs(30);
 /// How long replacing the 3 pods may take: one at a time (maxSurge 1), each new pod
 /// started and each old one drained, on a loaded two-core node (about 30 s usually).
 const ROLLOUT_WITHIN: Duration = Duration::from_secs(420);
@@ -1523,7 +1526,9 @@ async fn native_sidecar_starts_first_and_a_users_pre_stop_hook_runs_after_the_dr
     turn_ok(&client, "hooked", "before", Some(&victim), Some(&victim)).await;
     let sidecar_log = LogFollower::start(f.pods(), &victim, SIDECAR_CONTAINER);
     let agent_log = LogFollower::start(f.pods(), &victim, spec::AGENT_CONTAINER);
-    tokio::time::sleep(Duration::from_secs(1)).await; // the followers attached
+    for log in [&sidecar_log, &agent_log] {
+        assert!(log.attached(FOLLOWER_ATTACH_WITHIN).await, "following {}'s log", log.container);
+    }
     let deleted = Instant::now();
     f.pods().delete(&victim, &DeleteParams::default()).await.expect("delete the pod");
     assert!(agent_log.ended(SIDECAR_EXIT_WITHIN).await, "the agent exited");

@@ -198,9 +198,21 @@ async fn kill9_mid_turn_the_next_owner_resumes_it_once_and_observers_see_each_to
     assert_eq!(resumes, 1, "the new owner's agent was told it resumes");
 }
 
-/// Ten turns of one session sent 100 ms apart through three pods under `enqueue`: the
-/// owner's agent never has two at once (the demo agent counts overlaps), each is in the
-/// history once, in the order they were sent.
+/// Turns of the cluster's one session that have reached the owner's queue: a keyed turn
+/// at the owner reads its key in the journal (`get turn`) and goes straight on to the
+/// queue; no other node and nothing else in this test reads it.
+async fn turns_past_the_journal_read(cluster: &Cluster) -> f64 {
+    let mut read = 0.0;
+    for node in &cluster.nodes {
+        read += node.metric("leasehold_store_statement_seconds_count", r#"statement="get turn""#).await;
+    }
+    read
+}
+
+/// Ten turns of one session sent through three pods under `enqueue`, each as soon as the
+/// one before it reached the owner's queue (so arrival order is send order, and several
+/// wait at once behind 300 ms turns): the owner's agent never has two at once (the demo
+/// agent counts overlaps), each is in the history once, in the order they were sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_turns_at_once_through_three_pods_run_one_at_a_time_in_arrival_order() {
     const KEY: &str = "queued";
@@ -216,7 +228,11 @@ async fn ten_turns_at_once_through_three_pods_run_one_at_a_time_in_arrival_order
         sent.push(tokio::spawn(async move {
             client.post(&format!("/v1/sessions/{KEY}/turns"), body.into(), Some(node)).await.unwrap()
         }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let past = (n + 1) as f64;
+        support::eventually(&format!("turn t{n} reached the owner's queue"), || async {
+            turns_past_the_journal_read(&cluster).await >= past
+        })
+        .await;
     }
     for turn in sent {
         let answer = turn.await.unwrap();
@@ -395,7 +411,7 @@ async fn a_turn_halted_by_a_revocation_is_followed_to_its_next_owner_and_runs_on
         stats(a).await["turns"].as_u64() >= Some(2)
     })
     .await;
-    support::revoke_node(&db, "node-a").await;
+    assert!(support::revoke_node(&db, "node-a").await >= 1, "node-a held the session");
     let (status, turn_id, body) = tokio::time::timeout(WITHIN, via_c).await.expect("answered").unwrap();
     assert_eq!(status, 200, "the client gets the resumed attempt's answer: {body}");
     assert_ne!(body["node"], "node-a", "answered by the next owner: {body}");

@@ -40,6 +40,31 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
 
+/// Connections waiting in the accept queue of the listener on `ip:port`, as the kernel
+/// reports it for a listening socket (`rx_queue` in `/proc/net/tcp`): 0 once the process
+/// has accepted every connection made to it.
+fn accept_backlog(ip: std::net::Ipv4Addr, port: u16) -> usize {
+    let local = format!("{:08X}:{port:04X}", u32::from_ne_bytes(ip.octets()));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let listener = table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 4 && f[1] == local && f[3] == "0A")
+        .unwrap_or_else(|| panic!("no listener on {ip}:{port} in /proc/net/tcp"));
+    let (_, rx_queue) = listener[4].split_once(':').unwrap();
+    usize::from_str_radix(rx_queue, 16).unwrap()
+}
+
+/// Connections over a listener's cap answered `overloaded` at once, each for at most
+/// ~1.3 s (200 ms for a request head, 1 s to write, 100 ms linger): the sidecar's
+/// MAX_REFUSALS_IN_FLIGHT, so at most this many extra descriptors...
+const REFUSALS_IN_FLIGHT: usize = 256;
+/// ...and all of them closed within this: their 1.3 s, with slack for a loaded machine.
+const REFUSALS_SETTLE: Duration = Duration::from_secs(5);
+/// How often the settling descriptors are counted.
+const FDS_POLL: Duration = Duration::from_millis(50);
+
 async fn transactions(db: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
         .fetch_one(db)
@@ -144,10 +169,27 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
             flood.push(conn);
         }
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every one of them taken off the listener's accept queue: the sidecar has seen the
+    // whole flood (admitted to the cap, the rest refused or closed).
+    support::eventually("node-b accepted the whole flood", || async {
+        accept_backlog(b.ip, localcluster::cluster::PUBLIC_PORT) == 0
+    })
+    .await;
+    let admitted = MAX_CONNECTIONS - MAX_STREAMS;
     let fds = open_fds(b.sidecar.pid());
-    eprintln!("node-b fds: {fds_before} with the streams, {fds} with 1000 more connections");
-    assert!(fds <= fds_before + (MAX_CONNECTIONS - MAX_STREAMS) + 100, "{fds} fds open");
+    eprintln!("node-b fds: {fds_before} with the streams, {fds} with 1000 more connections accepted");
+    assert!(fds <= fds_before + admitted + REFUSALS_IN_FLIGHT + 100, "{fds} fds open");
+    // Once the refusals are answered, only the admitted connections stay open.
+    let settle_by = Instant::now() + REFUSALS_SETTLE;
+    let fds = loop {
+        let fds = open_fds(b.sidecar.pid());
+        if fds <= fds_before + admitted + 100 || Instant::now() > settle_by {
+            break fds;
+        }
+        tokio::time::sleep(FDS_POLL).await;
+    };
+    eprintln!("node-b fds: {fds} once the refusals were answered");
+    assert!(fds <= fds_before + admitted + 100, "{fds} fds open");
     let ready = http.get(format!("{}/readyz", b.admin_url())).send().await.unwrap().status();
     assert_eq!(ready, 200, "node-b stays ready");
     // A new connection (not one already admitted and pooled) past the cap.

@@ -221,13 +221,40 @@ impl Drain {
 mod tests {
     use super::*;
 
-    #[test]
-    fn linger_outlasts_what_another_node_may_remember_of_us() {
-        // Remembered holders are trusted for half the remaining lease, capped.
-        assert_eq!(linger(Duration::from_secs(2)), Duration::from_secs(1) + LINGER_MARGIN);
-        assert_eq!(linger(Duration::from_secs(60)), HOLDER_MAX_TRUST + LINGER_MARGIN);
-        for ttl in [1, 2, 10, 15, 60].map(Duration::from_secs) {
-            assert!(linger(ttl) > (ttl / 2).min(HOLDER_MAX_TRUST), "{ttl:?}");
+    /// Behaviour, not the formula: another node remembers us through the real holder
+    /// cache, at the worst moment (just before our hand-back, our node lease freshly
+    /// renewed so `ttl` remains). By the time we close our ports (`linger`) that memory no
+    /// longer routes a turn to us, with a forwarder's claim-to-send time to spare.
+    #[tokio::test(start_paused = true)]
+    async fn linger_outlasts_what_another_node_may_remember_of_us() {
+        use leasehold_core::{store::Holder, Epoch, Owner, SessionKey};
+
+        use crate::ownership::holders::Holders;
+
+        let us = Owner::parse("draining-node/boot-1").unwrap();
+        for ttl in [1, 2, 3, 10, 15, 60, 3600].map(Duration::from_secs) {
+            let their_cache = Holders::default();
+            let key = SessionKey::parse("s").unwrap();
+            let holder = Holder {
+                owner: us.clone(),
+                epoch: Epoch(1),
+                peer_addr: "127.0.0.1:1".into(),
+                remaining: ttl,
+            };
+            their_cache.remember(&key, &holder);
+            assert!(their_cache.get(&key).is_some(), "{ttl:?}: remembered at first");
+
+            let closed_at = Instant::now() + linger(ttl);
+            // A forwarder that looked us up just before trust ran out still needs
+            // `LINGER_MARGIN` to send: the memory must be gone that long before we close.
+            tokio::time::advance(linger(ttl).saturating_sub(LINGER_MARGIN)).await;
+            assert!(
+                their_cache.get(&key).is_none(),
+                "{ttl:?}: another node still routes to us {:?} before we close",
+                closed_at - Instant::now()
+            );
+            tokio::time::advance(closed_at - Instant::now()).await;
+            assert!(their_cache.get(&key).is_none(), "{ttl:?}: still trusted when we close");
         }
     }
 

@@ -69,22 +69,49 @@ async fn a_revoked_node_lease_is_reported_lost_and_a_new_boot_registers() {
     hb.stop().await;
 }
 
-/// A process whose renewals stop (a long pause) loses its node lease; another node takes
-/// its session over; its late write is refused by the fence (the `Fenced` answer, not any
-/// error); a restart registers a new, live boot of the same node while the paused boot
-/// stays expired. (Learning the loss while running: `a_revoked_node_lease_is_reported_lost…`.)
+/// How often a waiting test re-reads the store.
+const POLL: Duration = Duration::from_millis(20);
+/// Node lease of the paused-process test.
+const PAUSED_TTL_MS: u64 = 300;
+/// Its renewal interval: over three TTLs, as a process paused between beats sees it.
+const PAUSED_INTERVAL_MS: u64 = 1000;
+/// The lapsed lease is claimable by then: the TTL plus a store round trip on a busy machine.
+const LAPSE_BOUND: Duration = Duration::from_secs(2);
+/// The loss is reported by the first renewal after the lapse: one interval, plus slack
+/// for a renewal on a busy machine.
+const LOSS_REPORT_BOUND: Duration = Duration::from_millis(PAUSED_INTERVAL_MS + 1500);
+
+/// A running process whose renewals come too late (paused between beats: interval > TTL)
+/// loses its node lease; another node takes its session over; the process learns the
+/// loss from its own next renewal (reported on `lost`, the boot it had); its late write
+/// is refused by the fence (the `Fenced` answer, not any error); a restart registers a
+/// new, live boot of the same node while the paused boot stays expired.
 #[tokio::test]
 async fn a_paused_process_learns_its_loss_and_is_fenced() {
     let store = store().await;
-    let hb = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
+    let started = Instant::now();
+    let mut hb = heartbeat(&store, "node-a", PAUSED_TTL_MS, PAUSED_INTERVAL_MS).start().await.unwrap();
     let a = hb.state.borrow().owner.clone();
     store.claim(&key("s1"), &a).await.unwrap();
-    hb.stop().await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let lapse_deadline = Instant::now() + LAPSE_BOUND;
+    while !store.lookup(&key("s1")).await.unwrap().claimable() {
+        assert!(Instant::now() < lapse_deadline, "the unrenewed node lease never lapsed");
+        tokio::time::sleep(POLL).await;
+    }
     let b = boot(&store, "node-b", LONG_TTL).await;
     assert_eq!(store.claim(&key("s1"), &b).await.unwrap(), Claim::TookOver { epoch: Epoch(2) });
+
+    let lost = timeout(LOSS_REPORT_BOUND, hb.lost.recv())
+        .await
+        .expect("the running heartbeat reports the lapsed boot lost")
+        .expect("lost channel open");
+    assert_eq!(lost, a, "the boot that was paused is the one reported lost");
+    assert!(started.elapsed() >= Duration::from_millis(PAUSED_INTERVAL_MS), "learnt at a renewal");
     let late = store.put_checkpoint(&key("s1"), &a, Epoch(1), b"late").await;
     assert!(matches!(late, Err(StoreError::Fenced { .. })), "{late:?}");
+    hb.stop().await;
+
     let restarted = heartbeat(&store, "node-a", 300, 100).start().await.unwrap();
     let fresh = restarted.state.borrow().owner.clone();
     assert_eq!(fresh.node_id(), "node-a");

@@ -95,14 +95,12 @@ pub fn strictly_increasing(ids: &[String]) -> Vec<(i64, u64)> {
     parsed
 }
 
-/// Revoke `node_id`'s node lease as the operator does for a failed pod: its sessions are
-/// claimable at once.
-pub async fn revoke_node(database_url: &str, node_id: &str) {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
-    sqlx::query("UPDATE agent_nodes SET expires_at = now() WHERE node_id = $1 AND expires_at > now()")
-        .bind(node_id)
-        .execute(&mut conn)
-        .await
-        .unwrap();
+/// Revoke `node_id`'s node lease as the operator does for a failed pod, through the very
+/// call it makes (`LeaseStore::revoke_node`): its sessions are claimable at once. Returns
+/// how many sessions became claimable.
+pub async fn revoke_node(database_url: &str, node_id: &str) -> u64 {
+    let store = leasehold_core::store::LeaseStore::connect(database_url, 1).await.expect("connect the store");
+    let revoked = store.revoke_node(node_id).await.expect("revoke the node");
+    store.pool().close().await;
+    revoked
 }

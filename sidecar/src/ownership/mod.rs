@@ -6,7 +6,7 @@
 //! that shows a session is no longer ours (a fenced write, a lost boot, a claim naming
 //! someone else) stands it down: its in-flight turn is halted and the agent is told.
 
-mod holders;
+pub(crate) mod holders;
 mod journal;
 
 pub use holders::MAX_TRUST as HOLDER_MAX_TRUST;
@@ -24,7 +24,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_core::{
-    store::{self, notify::Changes, Checkpoint, Claim, FenceHold, Holder, LeaseInfo, LeaseStore},
+    store::{self, notify::Changes, Checkpoint, Claim, Holder, LeaseInfo, LeaseStore},
     Epoch, Owner, SessionKey,
 };
 
@@ -402,12 +402,6 @@ impl Ownership {
         self.counted(
             self.store.put_turn_checkpoint(&lease.key, &lease.owner, lease.epoch, turn_id, data).await,
         )
-    }
-
-    /// Hold the fence at `lease`'s owner and epoch: no takeover of the session commits
-    /// until the hold is released. `Err(Fenced)` when the lease has moved on.
-    pub async fn hold_fence(&self, lease: &LocalLease) -> Result<FenceHold, store::Error> {
-        self.counted(self.store.hold_fence(&lease.key, &lease.owner, lease.epoch).await)
     }
 
     /// Whether this process's node lease is certainly live right now (no other node can

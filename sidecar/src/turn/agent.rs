@@ -93,7 +93,7 @@ impl AgentClient {
 
     /// Tell the agent a turn was cancelled (a newer one interrupted it, or `DELETE`).
     pub async fn cancel(&self, key: &SessionKey, turn_id: &str) -> Result<(), upstream::Error> {
-        let turn = super::router::path_segment(turn_id);
+        let turn = super::path_segment(turn_id);
         self.notify(format!("{}/sessions/{key}/turns/{turn}/cancel", self.base)).await
     }
 

@@ -109,3 +109,24 @@ pub enum Door {
     Public,
     Peer,
 }
+
+/// A turn id (a client's idempotency key: any visible ASCII) as one URL path segment.
+pub fn path_segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for byte in id.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(char::from(byte)),
+            other => out.push_str(&format!("%{other:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_turn_id_becomes_one_path_segment() {
+        assert_eq!(super::path_segment("a-b_c.d~9"), "a-b_c.d~9");
+        assert_eq!(super::path_segment("a/b?c#d%e f"), "a%2Fb%3Fc%23d%25e%20f");
+    }
+}

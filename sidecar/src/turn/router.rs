@@ -405,7 +405,7 @@ impl TurnRouter {
             }
             Ok(Route::Remote(holder)) => {
                 drop(admitted);
-                let path = format!("/peer/v1/sessions/{key}/turns/{}/cancel", path_segment(turn_id));
+                let path = format!("/peer/v1/sessions/{key}/turns/{}/cancel", super::path_segment(turn_id));
                 match self.forwarder.forward(&holder, &path, std::iter::empty(), bytes::Bytes::new()).await {
                     Ok(response) => CancelReply::Forwarded(response),
                     Err(ForwardError::NotConnected { .. }) => {
@@ -419,18 +419,6 @@ impl TurnRouter {
             }
         }
     }
-}
-
-/// A turn id (a client's idempotency key: any visible ASCII) as one URL path segment.
-pub fn path_segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for byte in id.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(char::from(byte)),
-            other => out.push_str(&format!("%{other:02X}")),
-        }
-    }
-    out
 }
 
 /// How often each node looks for turns whose owner is gone and that no request touches:
@@ -473,14 +461,5 @@ impl TurnRouter {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_turn_id_becomes_one_path_segment() {
-        assert_eq!(super::path_segment("a-b_c.d~9"), "a-b_c.d~9");
-        assert_eq!(super::path_segment("a/b?c#d%e f"), "a%2Fb%3Fc%23d%25e%20f");
     }
 }
