@@ -24,8 +24,7 @@ scripts/ensure-e2e-deps.sh
 helm=$(scripts/ensure-helm.sh)
 e2e/k8s/build.sh "$K8S_BIN"
 log "kubernetes components built ($((SECONDS - started))s)"
-# The previous version first (the upgrade scenario's starting point): it shares this
-# version's target directory, and this version's build below then writes its own binaries.
+# The previous version (the upgrade scenario's starting point), in a target dir of its own.
 previous_chart=$(e2e/images/build-previous.sh "$CACHE" "$IMAGES")
 log "previous version built ($((SECONDS - started))s)"
 cargo build --release --locked --bins

@@ -6,11 +6,13 @@
 #                                       docker.io/leasehold/<name>:previous
 # Usage: e2e/images/build-previous.sh OUTDIR IMAGES   (prints the chart's path)
 #
-# Its release binaries are built in this version's target directory, so the dependencies
-# both versions share compile once; they are copied out at once, because this version's
-# `cargo build` must write its own binaries there again afterwards (scripts/e2e.sh builds
-# the previous version first). Cached: the sources, binaries and archives are rebuilt
-# only when PREVIOUS_COMMIT changes.
+# Its binaries are built in a target directory of their own (OUTDIR/previous-target):
+# cargo names a workspace crate's artifacts by its path *within* the workspace, so two
+# checkouts sharing one target directory overwrite each other's crates and each takes
+# the other's for fresh (tried: this version's operator then compiled against the
+# previous leasehold-crds). The dev profile without debug info builds in about half
+# the time of a release build and serves the scenario's light load. Cached: sources,
+# binaries and archives are rebuilt only when PREVIOUS_COMMIT changes.
 set -euo pipefail
 
 # The last commit before the native sidecar and its CRD changes (status.selector, the
@@ -24,7 +26,7 @@ out=${1:?usage: e2e/images/build-previous.sh OUTDIR IMAGES}
 images=${2:?usage: e2e/images/build-previous.sh OUTDIR IMAGES}
 src=$out/previous
 bin=$out/previous-bin
-target=${CARGO_TARGET_DIR:-$repo/target}
+target=$out/previous-target
 
 git -C "$repo" cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null || {
   echo "e2e/images/build-previous.sh: commit $PREVIOUS_COMMIT is not in this clone (a shallow clone?): the upgrade scenario builds the previous version from the repository's history; fetch it (git fetch --unshallow)" >&2
@@ -39,11 +41,11 @@ if [[ $(cat "$src/.commit" 2>/dev/null) != "$PREVIOUS_COMMIT" ]]; then
 fi
 
 if [[ $(cat "$bin/.commit" 2>/dev/null) != "$PREVIOUS_COMMIT" ]]; then
-  (cd "$src" && CARGO_TARGET_DIR=$target cargo build --release --locked \
+  (cd "$src" && CARGO_TARGET_DIR=$target CARGO_PROFILE_DEV_DEBUG=0 cargo build --locked \
     -p leasehold-sidecar -p leasehold-operator -p leasehold-demo-agent >&2)
   mkdir -p "$bin"
   for b in leasehold-sidecar leasehold-operator leasehold-demo-agent; do
-    cp "$target/release/$b" "$bin/$b"
+    cp "$target/debug/$b" "$bin/$b"
   done
   echo "$PREVIOUS_COMMIT" >"$bin/.commit"
 fi
