@@ -8,7 +8,8 @@
 #      docker.io/leasehold/python-agent:e2e, and `kind load docker-image` each
 #   3. Postgres 15 as container leasehold-e2e-pg on the `kind` network, published on
 #      127.0.0.1:55432 for the tests, reached by pods as leasehold-e2e-pg:5432
-#   4. cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1
+#   4. cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1 (all but the
+#      upgrade scenario, which needs the previous version's images: `make e2e` runs it)
 # On exit the cluster and the Postgres container are removed unless LEASEHOLD_E2E_KEEP=1.
 set -euo pipefail
 
@@ -74,4 +75,6 @@ export LEASEHOLD_E2E_CHART=charts/leasehold
 # The leader-election scenario runs operator processes of its own, on this host.
 cargo build --release --locked -p leasehold-operator
 export LEASEHOLD_E2E_OPERATOR_BIN=${CARGO_TARGET_DIR:-$root/target}/release/leasehold-operator
-cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1
+# The upgrade scenario needs the previous version's images and a cluster without
+# leasehold; `make e2e` (scripts/e2e.sh) builds them and runs it first.
+cargo test -p leasehold-e2e --features e2e --locked -- --test-threads=1 --skip upgrade_from_previous_chart

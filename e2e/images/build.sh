@@ -7,7 +7,10 @@
 #   python-agent.tar docker.io/leasehold/python-agent:e2e (the host's Python 3.11, the SDK,
 #                   sdk/python/examples/demo_agent.py; see python_agent_image)
 # Load one with `ctr -n k8s.io images import OUTDIR/sidecar.tar`.
-# The release binaries must already exist (`cargo build --release --locked --bins`).
+# The release binaries must already exist (`cargo build --release --locked --bins`), in
+# $CARGO_TARGET_DIR/release or LEASEHOLD_E2E_BIN_DIR. LEASEHOLD_E2E_IMAGE_TAG other than
+# `e2e` names the archives NAME-TAG.tar; LEASEHOLD_E2E_IMAGES picks which images to write
+# (default: all five). e2e/images/build-previous.sh writes the previous version's so.
 # Each rootfs is the binary at /usr/local/bin plus every library ldd lists (same paths,
 # loader included), /etc/passwd + /etc/group (root, nonroot 65532), the CA bundle, /tmp.
 # An archive is rewritten only when a hash of its inputs (stored as NAME.tar.inputs)
@@ -17,15 +20,24 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${1:?usage: e2e/images/build.sh OUTDIR}
-bindir=${CARGO_TARGET_DIR:-$repo/target}/release
+bindir=${LEASEHOLD_E2E_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/release}
 tag=${LEASEHOLD_E2E_IMAGE_TAG:-e2e}
+read -ra images <<<"${LEASEHOLD_E2E_IMAGES:-sidecar operator demo-agent pause python-agent}"
 PATH_ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CA=/etc/ssl/certs/ca-certificates.crt
 
 for tool in python3 ldd gcc sha256sum tar; do
   command -v "$tool" >/dev/null || { echo "e2e/images/build.sh: $tool not found on PATH" >&2; exit 1; }
 done
-for b in leasehold-sidecar leasehold-operator leasehold-demo-agent; do
+# wanted NAME: whether LEASEHOLD_E2E_IMAGES asks for the image NAME.
+wanted() { [[ " ${images[*]} " == *" $1 "* ]]; }
+
+# archive_of NAME: the archive of the image NAME at this tag.
+archive_of() { if [[ $tag == e2e ]]; then echo "$out/$1.tar"; else echo "$out/$1-$tag.tar"; fi; }
+
+for short in sidecar operator demo-agent; do
+  b=leasehold-$short
+  wanted "$short" || continue
   [[ -x $bindir/$b ]] || {
     echo "e2e/images/build.sh: missing $bindir/$b; run 'cargo build --release --locked --bins' first" >&2
     exit 1
@@ -76,7 +88,9 @@ base_rootfs() {
 
 # binary_image SHORTNAME BINARY
 binary_image() {
-  local short=$1 bin=$bindir/$2 name=docker.io/leasehold/$1:$tag archive=$out/$1.tar
+  local short=$1 bin=$bindir/$2 name=docker.io/leasehold/$1:$tag archive
+  wanted "$short" || return 0
+  archive=$(archive_of "$short")
   local libs hash root lib ca=()
   libs=$(shared_libs "$bin") || exit 1
   [[ -f $CA ]] && ca=("$CA")
@@ -99,7 +113,9 @@ binary_image() {
 }
 
 pause_image() {
-  local name=docker.io/leasehold/pause:$tag archive=$out/pause.tar hash root
+  local name=docker.io/leasehold/pause:$tag archive hash root
+  wanted pause || return 0
+  archive=$(archive_of pause)
   hash=$(inputs_hash "$name" "$(gcc --version | head -n1)" -- "$here/pause.c")
   if up_to_date "$archive" "$hash"; then
     echo "$archive: up to date"
@@ -147,7 +163,9 @@ STDLIB_SKIP=(__pycache__ test tests idle_test idlelib tkinter turtledemo turtle.
 # mtimes are 0 and the container cannot write a cache, so timestamp-checked .pyc would
 # be compiled again at every start.
 python_agent_image() {
-  local name=docker.io/leasehold/python-agent:$tag archive=$out/python-agent.tar
+  local name=docker.io/leasehold/python-agent:$tag archive
+  wanted python-agent || return 0
+  archive=$(archive_of python-agent)
   local constraints=$here/python-agent-constraints.txt sdk=$repo/sdk/python
   local py info exe stdlib dynload mods libs lib mod hash root site listing pip_version dist
   local skip=() sdk_files ca=() pins

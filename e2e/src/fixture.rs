@@ -68,14 +68,13 @@ impl Fixture {
     pub async fn namespace(scenario: &str) -> Fixture {
         let settings = Settings::from_env();
         install::ensure_installed(&settings).await;
-        let options = kube::config::KubeConfigOptions::default();
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&settings.kubeconfig)
-                .unwrap_or_else(|e| panic!("KUBECONFIG {}: {e}", settings.kubeconfig.display())),
-            &options,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("KUBECONFIG {}: {e}", settings.kubeconfig.display()));
+        Fixture::namespace_as_is(scenario, settings).await
+    }
+
+    /// A namespace, whatever the cluster has installed (the upgrade scenario installs the
+    /// previous version itself).
+    async fn namespace_as_is(scenario: &str, settings: Settings) -> Fixture {
+        let config = settings.kube_config().await;
         let client = kube::Client::try_from(config.clone()).expect("a kube client");
         let mut no_retry = config.clone();
         no_retry.default_retry = false;
@@ -148,7 +147,24 @@ impl Fixture {
 
     /// Namespace, database and the database Secret; no AgentCluster yet.
     pub async fn with_database(scenario: &str) -> Fixture {
-        let mut f = Fixture::namespace(scenario).await;
+        Fixture::add_database(Fixture::namespace(scenario).await).await
+    }
+
+    /// Namespace, database and the database Secret, with the previous version's operator
+    /// installed (`install::install_previous`) instead of this one's.
+    pub async fn with_database_on_previous(scenario: &str) -> Fixture {
+        let settings = Settings::from_env();
+        let previous = settings.previous.clone().unwrap_or_else(|| {
+            panic!(
+                "LEASEHOLD_E2E_PREVIOUS_CHART is not set: the upgrade scenario needs the previous version's \
+                 chart and images (scripts/e2e.sh builds them: e2e/images/build-previous.sh)"
+            )
+        });
+        install::install_previous(&settings, &previous).await;
+        Fixture::add_database(Fixture::namespace_as_is(scenario, settings).await).await
+    }
+
+    async fn add_database(mut f: Fixture) -> Fixture {
         let db_name = f.ns.clone();
         let owner = database::url_user(&f.settings.pod_database_url);
         database::create_database(&f.settings.database_url, &db_name, owner.as_deref())

@@ -23,6 +23,16 @@ pub struct Settings {
     /// The operator binary (`LEASEHOLD_E2E_OPERATOR_BIN`), for the scenario that runs
     /// operator processes of its own beside the chart's (leader election).
     pub operator_bin: Option<PathBuf>,
+    /// The previous version's chart (`LEASEHOLD_E2E_PREVIOUS_CHART`) and the tag of its
+    /// images (`LEASEHOLD_E2E_PREVIOUS_TAG`, default `previous`), for the upgrade scenario.
+    pub previous: Option<Previous>,
+}
+
+/// The version a user upgrades from: its chart (with its CRD) and its images.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Previous {
+    pub chart: PathBuf,
+    pub image_tag: String,
 }
 
 /// The repository root (the workspace), against which relative paths are resolved.
@@ -70,7 +80,26 @@ impl Settings {
             helm: get("LEASEHOLD_E2E_HELM").unwrap_or_else(|| "helm".to_owned()),
             helm_values: get("LEASEHOLD_E2E_HELM_VALUES").map(path),
             operator_bin: get("LEASEHOLD_E2E_OPERATOR_BIN").map(path),
+            previous: get("LEASEHOLD_E2E_PREVIOUS_CHART").map(|chart| Previous {
+                chart: path(chart),
+                image_tag: get("LEASEHOLD_E2E_PREVIOUS_TAG").unwrap_or_else(|| "previous".to_owned()),
+            }),
         })
+    }
+
+    /// The kube client configuration of `KUBECONFIG`; panics naming the file if it is unusable.
+    pub async fn kube_config(&self) -> kube::Config {
+        let options = kube::config::KubeConfigOptions::default();
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
+            .unwrap_or_else(|e| panic!("KUBECONFIG {}: {e}", self.kubeconfig.display()));
+        kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .unwrap_or_else(|e| panic!("KUBECONFIG {}: {e}", self.kubeconfig.display()))
+    }
+
+    /// A kube client of `KUBECONFIG`.
+    pub async fn kube_client(&self) -> kube::Client {
+        kube::Client::try_from(self.kube_config().await).expect("a kube client")
     }
 
     pub fn operator_image(&self) -> String {
@@ -116,6 +145,7 @@ mod tests {
         assert_eq!(s.helm, "helm");
         assert_eq!(s.helm_values, None);
         assert_eq!(s.operator_bin, None);
+        assert_eq!(s.previous, None);
         assert_eq!(s.pod_database_url, "postgres://leasehold:pw@10.88.0.1:5432", "trailing slash dropped");
         assert_eq!(s.sidecar_image(), "leasehold/sidecar:e2e");
         assert_eq!(s.python_agent_image(), "leasehold/python-agent:e2e");
@@ -143,6 +173,7 @@ mod tests {
             ("LEASEHOLD_E2E_HELM", "/bin/helm"),
             ("LEASEHOLD_E2E_HELM_VALUES", "v.yaml"),
             ("LEASEHOLD_E2E_OPERATOR_BIN", "/t/release/leasehold-operator"),
+            ("LEASEHOLD_E2E_PREVIOUS_CHART", "prev/charts/leasehold"),
         ]);
         let s = Settings::from_lookup(lookup(&vars), Path::new("/repo")).unwrap();
         assert_eq!(s.agent_image(), "leasehold/demo-agent:abc");
@@ -150,5 +181,8 @@ mod tests {
         assert_eq!(s.helm, "/bin/helm");
         assert_eq!(s.helm_values, Some(PathBuf::from("/repo/v.yaml")));
         assert_eq!(s.operator_bin, Some(PathBuf::from("/t/release/leasehold-operator")));
+        let previous = s.previous.expect("a previous version");
+        assert_eq!(previous.chart, PathBuf::from("/repo/prev/charts/leasehold"));
+        assert_eq!(previous.image_tag, "previous", "the default tag of the previous images");
     }
 }

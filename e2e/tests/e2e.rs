@@ -272,7 +272,8 @@ struct LoadFigures {
     directives: usize,
     closed_connections: usize,
     /// The longest time between two acknowledged turns of a session, and of those where
-    /// the second was served by another pod (a hand-off). Reported, never asserted.
+    /// the second was served by another pod (a hand-off). The rolling deploy bounds the
+    /// worst gap (`ROLLING_DEPLOY_MAX_GAP`); elsewhere they are reported.
     worst_gap: Duration,
     worst_handoff: Duration,
 }
@@ -343,7 +344,7 @@ async fn check_load(db: &Db, logs: &BTreeMap<String, SessionLog>, problems: &mut
         }
     }
     eprintln!(
-        "worst gap between two acknowledged turns of a session {:?}; worst hand-off gap {:?} (reported, not asserted)",
+        "worst gap between two acknowledged turns of a session {:?}; worst hand-off gap {:?}",
         figures.worst_gap, figures.worst_handoff
     );
     figures
@@ -425,9 +426,14 @@ async fn roll_under_load(
     (load.finish().await, rolled)
 }
 
-/// 2. A rolling deploy under continuous load: zero failed turns, no session waits for a
-///    lease to lapse, every acknowledged turn checkpointed once in order, every old pod
-///    drained before SIGTERM. The gaps are reported (BENCHMARKS.md), not asserted.
+/// The promise of a rolling deploy (what a user sees): no session waits this long between
+/// two acknowledged turns. Measured worst gaps on this 2-core node: 425–568 ms when the
+/// e2e suite has the machine to itself (BENCHMARKS.md).
+const ROLLING_DEPLOY_MAX_GAP: Duration = Duration::from_secs(1);
+
+/// 2. A rolling deploy under continuous load: zero failed turns, no session waits
+///    [`ROLLING_DEPLOY_MAX_GAP`] between two acknowledged turns, every acknowledged turn
+///    checkpointed once in order, every old pod drained before SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_deploy_under_load() {
     const SESSIONS: usize = 20;
@@ -450,6 +456,12 @@ async fn rolling_deploy_under_load() {
         problems.push(format!("no new pod served a turn: {owners:?}"));
     }
     let handed_back = check_drained(db, &old, &followers, &mut problems).await;
+    if load.worst_gap >= ROLLING_DEPLOY_MAX_GAP {
+        problems.push(format!(
+            "a session waited {:?} between two acknowledged turns (bound {ROLLING_DEPLOY_MAX_GAP:?}); worst hand-off gap {:?}",
+            load.worst_gap, load.worst_handoff
+        ));
+    }
     timing(
         "rolling_deploy",
         rolled,
@@ -1925,4 +1937,136 @@ async fn python_agent() {
         ],
     );
     fail_on(&problems, &followers);
+}
+
+/// Sessions under load through the upgrade.
+const UPGRADE_SESSIONS: usize = 8;
+/// How long the upgraded operator may take to show the AgentCluster's new status fields
+/// (it reconciles every cluster at start; a few seconds usually).
+const UPGRADED_STATUS_WITHIN: Duration = Duration::from_secs(60);
+
+/// The sidecar's container, wherever the pod has it, and whether it is a native sidecar
+/// (an init container with `restartPolicy: Always`) rather than a regular container.
+fn sidecar_of(pod: &Pod) -> Option<(String, bool)> {
+    let spec = pod.spec.as_ref()?;
+    let native = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == SIDECAR_CONTAINER && c.restart_policy.as_deref() == Some("Always"));
+    let regular = spec.containers.iter().find(|c| c.name == SIDECAR_CONTAINER);
+    match (native, regular) {
+        (Some(c), None) => Some((c.image.clone().unwrap_or_default(), true)),
+        (None, Some(c)) => Some((c.image.clone().unwrap_or_default(), false)),
+        _ => None,
+    }
+}
+
+/// 13. The upgrade path (docs/operations.md, "Upgrades"): the previous version's chart
+///     (`e2e/images/build-previous.sh`: chart, CRD and images of the commit it names)
+///     installed as a user did, an AgentCluster created against its CRD and serving; then
+///     this version's CRD applied server-side and `helm upgrade` to this chart, under
+///     continuous load. The existing AgentCluster keeps working: its pods roll to this
+///     version's layout (native sidecar, this sidecar image; the user's agent image
+///     untouched), it gets the new status fields, no turn fails, every acknowledged turn
+///     is checkpointed once in order, and no lease is left to an old pod. Runs first, in
+///     a test process of its own (`scripts/e2e.sh`): it needs a cluster without leasehold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_from_previous_chart() {
+    use kube::{
+        api::{ApiResource, DynamicObject},
+        core::GroupVersionKind,
+    };
+    let f = Fixture::with_database_on_previous("upgrade_from_previous_chart").await;
+    let previous = f.settings.previous.clone().expect("a previous version");
+    let old_sidecar = format!("leasehold/sidecar:{}", previous.image_tag);
+    let agent_image = format!("leasehold/demo-agent:{}", previous.image_tag);
+    // Created as the previous version's user did: plain JSON against its CRD, with the
+    // previous demo agent (the user's own image, which the upgrade does not change).
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("leasehold.dev", "v1alpha1", "AgentCluster"));
+    let mut object = DynamicObject::new(CLUSTER, &resource);
+    object.data = json!({ "spec": spec::spec_json_with(spec::agent_container(&agent_image, &[]), 3) });
+    Api::<DynamicObject>::namespaced_with(f.client.clone(), &f.ns, &resource)
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create the AgentCluster against the previous CRD");
+    f.wait_ready(3).await;
+    let old_pods = f.list_pods().await;
+    for pod in &old_pods {
+        assert_eq!(
+            sidecar_of(pod),
+            Some((old_sidecar.clone(), false)),
+            "{}: the previous version's layout (its sidecar image, a regular container)",
+            pod.name_any()
+        );
+    }
+    let old: Vec<String> = old_pods.iter().map(|p| p.name_any()).collect();
+
+    let ready = f.watch_ready().await;
+    let client = f.client_over(Pods::Ready(ready.clone()));
+    let load = Load::start(&client, "upgrade", UPGRADE_SESSIONS);
+    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
+    let started = Instant::now();
+    leasehold_e2e::install::upgrade_to_current(&f.settings).await;
+    eprintln!("upgraded the CRD and the chart in {:.1}s", started.elapsed().as_secs_f64());
+    let new_sidecar = f.settings.sidecar_image();
+    let pods = f
+        .wait_pods("every pod replaced by this version's layout, Ready", ROLLOUT_WITHIN, |pods| {
+            pods.len() == 3
+                && pods.iter().all(|p| {
+                    is_ready(p)
+                        && !old.contains(&p.name_any())
+                        && sidecar_of(p) == Some((new_sidecar.clone(), true))
+                })
+        })
+        .await;
+    let rolled = started.elapsed();
+    eprintln!("every pod on this version {:.1}s after the upgrade began", rolled.as_secs_f64());
+    tokio::time::sleep(LOAD_AROUND_ROLLOUT).await;
+    let logs = load.finish().await;
+
+    let mut problems: Vec<String> = Vec::new();
+    for pod in &pods {
+        let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
+        if image.as_deref() != Some(agent_image.as_str()) {
+            problems.push(format!("{}: the user's agent image changed: {image:?}", pod.name_any()));
+        }
+    }
+    let deadline = Instant::now() + UPGRADED_STATUS_WITHIN;
+    let status = loop {
+        let status =
+            f.clusters().get(CLUSTER).await.expect("read the AgentCluster").status.unwrap_or_default();
+        let available = status.conditions.iter().any(|c| c.type_ == "Available" && c.status == "True");
+        if (status.selector.is_some() && available && status.ready_replicas == 3) || Instant::now() > deadline
+        {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    if status.selector.as_deref() != Some("leasehold.dev/cluster=agents") || status.ready_replicas != 3 {
+        problems.push(format!("the upgraded operator's status of the existing AgentCluster: {status:?}"));
+    }
+    let db = f.db();
+    let load = check_load(db, &logs, &mut problems).await;
+    let live = db.live_leases_of(&old).await;
+    if !live.is_empty() {
+        problems.push(format!("leases still naming a pod of the previous version: {live:?}"));
+    }
+    let owners: BTreeSet<&str> =
+        logs.values().flat_map(|l| l.acks.iter().map(|a| a.owner.as_str())).collect();
+    if !owners.iter().any(|o| !old.iter().any(|p| p == o)) {
+        problems.push(format!("no upgraded pod served a turn: {owners:?}"));
+    }
+    timing(
+        "upgrade_from_previous_chart",
+        rolled,
+        &[
+            ("turns", load.turns.to_string()),
+            ("failed", load.failed.to_string()),
+            ("max_gap_ms", ms(load.worst_gap)),
+            ("max_handoff_gap_ms", ms(load.worst_handoff)),
+            ("directives", load.directives.to_string()),
+        ],
+    );
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
 }
