@@ -64,14 +64,13 @@ async fn a_short_chaos_run_finds_no_anomaly() {
 /// re-sent (ambiguous is allowed), one refused past its directives' budget must not have
 /// run, and nothing else may go wrong either.
 ///
-/// Ignored while it fails: it finds turns answered `503 store_unavailable` (a directive:
-/// "not run now") that nevertheless ran, so an unkeyed client's obedient re-send ran them
-/// twice (seed 11: 3 duplicated, 1 refused_but_applied). Most likely the sidecar's
-/// `begin_turn` failing after its journal insert committed (the answer lost to a store
-/// fault): `turn/run.rs` maps that to `store_unavailable`, and the journaled turn is then
-/// resumed as an orphan. Run it with `-- --ignored`.
+/// It found a defect: turns answered `503 store_unavailable` (a directive: "not run now")
+/// that nevertheless ran, so an unkeyed client's obedient re-send ran them twice (seed
+/// 11: 3 duplicated, 1 refused_but_applied). The sidecar's journal insert had committed
+/// but its answer was lost to a store fault, and the journaled turn was then resumed as
+/// an orphan. Such a failure is now answered `fenced` (it may run, under its id; the door
+/// follows it once), never `store_unavailable` (`store::Error::may_have_landed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "finds a sidecar defect: a turn refused with store_unavailable can still run (see its doc)"]
 async fn a_short_chaos_run_without_keys_finds_no_anomaly() {
     let _turn = ONE_RUN_AT_A_TIME.lock().await;
     let seed = seed();

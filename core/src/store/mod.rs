@@ -104,6 +104,34 @@ pub(crate) async fn bounded<T>(
         .await
 }
 
+impl Error {
+    /// Whether the write this error answers may have committed all the same: no answer
+    /// in time, or a connection lost while the statement may have been on its way (the
+    /// server may have run and committed it). `false` when the server refused it, the
+    /// pool never handed out a connection, or the fence said no: nothing was written.
+    pub fn may_have_landed(&self) -> bool {
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Database { source, .. } => !matches!(
+                source,
+                sqlx::Error::Database(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::Configuration(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::RowNotFound
+                    | sqlx::Error::ColumnNotFound(_)
+                    | sqlx::Error::ColumnDecode { .. }
+                    | sqlx::Error::Decode(_)
+            ),
+            Error::Fenced { .. }
+            | Error::NodeNotLive { .. }
+            | Error::ClaimUnsettled { .. }
+            | Error::Migrate(_) => false,
+        }
+    }
+}
+
 /// Attach a short description of the statement to a sqlx error.
 pub(crate) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     move |source| Error::Database { context, source }
@@ -203,5 +231,25 @@ impl LeaseStore {
     /// once: sqlx serialises concurrent runs with a Postgres advisory lock.
     pub async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.pool).await.map_err(Error::Migrate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_lost_answer_or_a_timeout_may_have_landed() {
+        let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(Error::Timeout { context: "begin turn" }.may_have_landed());
+        assert!(Error::Database { context: "begin turn", source: io() }.may_have_landed());
+        assert!(Error::Database { context: "begin turn", source: sqlx::Error::Protocol("eof".into()) }
+            .may_have_landed());
+        assert!(
+            !Error::Database { context: "begin turn", source: sqlx::Error::PoolTimedOut }.may_have_landed()
+        );
+        assert!(!Error::Database { context: "begin turn", source: sqlx::Error::PoolClosed }.may_have_landed());
+        let key = SessionKey::parse("k").expect("a key");
+        assert!(!Error::Fenced { key, epoch: Epoch(1) }.may_have_landed());
     }
 }

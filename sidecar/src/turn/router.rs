@@ -59,6 +59,17 @@ impl Reply {
         }
     }
 
+    /// A directive: nothing ran for this request (here or at the owner).
+    fn is_refusal(&self) -> bool {
+        match self {
+            Reply::Local { ran: Ran::Settled(Outcome::Refused(_)), .. }
+            | Reply::Refused(_)
+            | Reply::PeerRefused(_) => true,
+            Reply::Forwarded(response) => response.headers().contains_key(headers::REFUSAL),
+            _ => false,
+        }
+    }
+
     /// For the turn-duration histogram: where the turn went (`local`, `forwarded`, or
     /// `none`: refused before either) and the class of its outcome (`answered`, `refused`:
     /// a directive or a client error, nothing ran; `failed`: it may have run, never
@@ -157,9 +168,11 @@ impl TurnRouter {
         turn.keyed = true;
         match self.route_once(turn, door, true).await {
             // This node cannot route it now (draining, its own node lease lapsed, the store
-            // out of reach, the new owner not reachable yet): the halt is the truer answer;
-            // the next owner still resumes the turn.
-            Reply::Refused(_) => reply,
+            // out of reach, the new owner not reachable yet), or the owner refused the
+            // repeat with a directive: the halt is the truer answer (a directive would
+            // say "not run", and the first attempt may be journaled); the next owner
+            // still resumes the turn.
+            followed if followed.is_refusal() => reply,
             followed => followed,
         }
     }

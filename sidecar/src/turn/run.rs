@@ -349,6 +349,14 @@ impl Runner {
                 self.ownership.stand_down(&lease.key, lease.epoch, StandDownReason::Fenced);
                 Outcome::Refused(Refusal::Fenced { ttl: self.ttl })
             }
+            // The journal row may be there (lost answer, timeout): then the turn runs
+            // after all (resumed under its id), so `store_unavailable`'s "not run" would
+            // be untrue. `fenced` says what is: it may run, under this id; the public door
+            // follows it once, and a client re-sends as a repeat of that id.
+            e if e.may_have_landed() => {
+                tracing::warn!(key = %lease.key, error = %e, "journal write failed; it may have landed");
+                Outcome::Refused(Refusal::Fenced { ttl: self.ttl })
+            }
             e => {
                 tracing::warn!(key = %lease.key, error = %e, "journal write failed");
                 Outcome::Refused(Refusal::StoreUnavailable)
