@@ -3,6 +3,8 @@
 //! one event every 20 ms (the observe bench's pace), through
 //! - leasehold, subscribers on a non-owner sidecar (one upstream hop; the owner publishes
 //!   through its agent API, fenced, and journals each event in Postgres before fan-out);
+//! - the same with the journal's linger off (`LEASEHOLD_JOURNAL_MAX_BATCH=1`: one INSERT
+//!   per event, no waiting for company), to show what the 5 ms group-commit linger adds;
 //! - leasehold, subscribers on the owner itself;
 //! - Centrifugo, subscribers on its unidirectional SSE transport (`/connection/uni_sse`,
 //!   subscribed in the connect request), events published with its HTTP API
@@ -68,6 +70,7 @@ const CHANNEL: &str = "bench";
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Server {
     LeaseholdRemote,
+    LeaseholdRemoteNoLinger,
     LeaseholdOwner,
     Centrifugo,
 }
@@ -76,13 +79,15 @@ impl fmt::Display for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Server::LeaseholdRemote => "leasehold, non-owner sidecar",
+            Server::LeaseholdRemoteNoLinger => "leasehold, non-owner sidecar, no journal linger",
             Server::LeaseholdOwner => "leasehold, owner sidecar",
             Server::Centrifugo => "Centrifugo v6.9.1 uni_sse",
         })
     }
 }
 
-const SERVERS: [Server; 3] = [Server::LeaseholdRemote, Server::LeaseholdOwner, Server::Centrifugo];
+const SERVERS: [Server; 4] =
+    [Server::LeaseholdRemote, Server::LeaseholdRemoteNoLinger, Server::LeaseholdOwner, Server::Centrifugo];
 
 /// The server of one run, started afresh.
 enum Running {
@@ -94,11 +99,17 @@ impl Running {
     async fn start(server: Server, ctx: &Context, run: usize) -> anyhow::Result<Running> {
         Ok(match server {
             Server::Centrifugo => Running::Centrifugo(Centrifugo::start(&ctx.centrifugo).await?),
-            Server::LeaseholdRemote | Server::LeaseholdOwner => {
-                let cluster = Cluster::start(&ctx.db, bench_options()).await?;
+            Server::LeaseholdRemote | Server::LeaseholdRemoteNoLinger | Server::LeaseholdOwner => {
+                let mut options = bench_options();
+                if server == Server::LeaseholdRemoteNoLinger {
+                    // A batch of one never lingers: each event is its own INSERT at once.
+                    let env = vec![("LEASEHOLD_JOURNAL_MAX_BATCH".to_owned(), "1".to_owned())];
+                    options.sidecar_env = vec![env; options.nodes];
+                }
+                let cluster = Cluster::start(&ctx.db, options).await?;
                 let key = format!("{CHANNEL}-{run}");
                 fanout::claim_all(&cluster, std::slice::from_ref(&key)).await?;
-                let observe_on = if server == Server::LeaseholdRemote { 1 } else { 0 };
+                let observe_on = if server == Server::LeaseholdOwner { 0 } else { 1 };
                 Running::Leasehold { cluster, key, observe_on }
             }
         })
