@@ -224,21 +224,38 @@ mod tests {
         )
         .unwrap();
         let pid = parent.pid();
+        // The spinning child, by its PID (the one whose parent is the shell), killed when
+        // this test ends however it ends (declared after the shell: dropped first).
         let started = Instant::now();
+        let child = loop {
+            let found = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .find(|c| Stat::read(*c).is_some_and(|s| s.ppid == pid));
+            if let Some(child) = found {
+                break KillOnDrop(child);
+            }
+            assert!(started.elapsed() < SPIN_WITHIN, "the shell never started its child");
+            std::thread::sleep(Duration::from_millis(10));
+        };
         while cpu_time_with_children(pid).unwrap() < Duration::from_millis(200) {
             assert!(started.elapsed() < SPIN_WITHIN, "the child's spinning never showed");
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(cpu_time(pid).unwrap() < Duration::from_millis(100), "the shell itself waits");
         assert_eq!(parent_pid(pid), Some(std::process::id()));
-        // Kill the child by its PID (found as the one whose parent is the shell), then the shell.
-        let child = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .find(|c| Stat::read(*c).is_some_and(|s| s.ppid == pid))
-            .expect("the spinning child");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child as i32), Signal::SIGKILL).unwrap();
+        assert_eq!(parent_pid(child.0), Some(pid));
+        drop(child);
         parent.kill9();
+    }
+
+    /// Kills a process that no [`Proc`] owns (a grandchild) by its PID when dropped.
+    struct KillOnDrop(u32);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGKILL);
+        }
     }
 }
