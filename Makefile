@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench bench-postgres deps build generate chart chaos chaos-selftest
+.PHONY: help demo test test-unit test-sdk openapi test-fast e2e e2e-kind lint fmt bench bench-postgres deps build generate chart chaos chaos-selftest bench-centrifugo
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -96,3 +96,12 @@ bench: deps ## benchmarks with their baselines (results go into BENCHMARKS.md by
 # cores with the client, so read its CPU columns together.
 bench-postgres: deps ## the capacity of one Postgres, fsync on (results go into BENCHMARKS.md by hand)
 	LEASEHOLD_PG_FSYNC=on scripts/with-postgres.sh cargo bench --locked -p leasehold-core --bench capacity
+
+# Fan-out beside the real peer (issue 20): Centrifugo v6.9.1, built once from the Go module
+# proxy (scripts/ensure-centrifugo.sh), started with bench/peers/centrifugo/config.json.
+# Results go into BENCHMARKS.md by hand; switches in localcluster/benches/peers_centrifugo.rs.
+bench-centrifugo: deps ## fan-out: leasehold vs Centrifugo v6.9.1 over SSE, same run, ~6 min
+	LEASEHOLD_BENCH_CENTRIFUGO=$$(scripts/ensure-centrifugo.sh) && \
+	cargo build --release --locked -p leasehold-sidecar --bins && \
+	LEASEHOLD_BENCH_CENTRIFUGO=$$LEASEHOLD_BENCH_CENTRIFUGO LEASEHOLD_BIN_DIR=$${CARGO_TARGET_DIR:-$$PWD/target}/release \
+	  scripts/with-postgres.sh cargo bench --locked -p leasehold-localcluster --bench peers_centrifugo

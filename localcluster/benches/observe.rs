@@ -9,94 +9,33 @@
 //!
 //! Run: `make bench`.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use leasehold_core::{store::LeaseStore, Epoch, Owner, SessionKey};
-use localcluster::{Cluster, ClusterOptions};
-use serde_json::json;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-    sync::mpsc,
-};
+use localcluster::{fanout, Cluster, ClusterOptions};
+use tokio::sync::mpsc;
 
 /// One event per session every 20 ms: 50 tokens/s, a fast model's streaming rate.
 const PACE: Duration = Duration::from_millis(20);
 
-fn micros() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
-}
-
-/// Open `per_key` observers of each key at `base`; each reports (latency µs) per event
-/// received. The observers are lean SSE readers (one socket each, frames scanned for the
-/// publish timestamp in place) so that the bench measures delivery, not its own parsing:
-/// with reqwest + a full SSE and JSON parse per frame, the 1000 observer tasks cost
-/// more CPU than the sidecars on this two-core machine (BENCHMARKS.md has both).
+/// Open `per_key` observers of each key at `base` (lean SSE readers, see
+/// `localcluster::fanout`); each reports (latency µs) per event received.
 async fn observers(base: &str, keys: &[String], per_key: usize, tx: &mpsc::UnboundedSender<u64>) {
-    let authority = base.trim_start_matches("http://").to_owned();
+    let authority = base.trim_start_matches("http://");
     for key in keys {
-        for _ in 0..per_key {
-            let mut socket = TcpStream::connect(&authority).await.unwrap();
-            socket.set_nodelay(true).unwrap();
-            let request = format!(
-                "GET /v1/sessions/{key}/stream HTTP/1.1\r\nhost: {authority}\r\naccept: text/event-stream\r\n\r\n"
-            );
-            socket.write_all(request.as_bytes()).await.unwrap();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::with_capacity(16 * 1024);
-                let mut head_done = false;
-                loop {
-                    match socket.read_buf(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    if !head_done {
-                        let Some(end) = find(&buf, b"\r\n\r\n") else { continue };
-                        assert!(buf.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..end]));
-                        buf.drain(..end + 4);
-                        head_done = true;
-                    }
-                    // Complete SSE frames end with a blank line; chunk framing lies between them.
-                    let Some(last) = rfind(&buf, b"\n\n") else { continue };
-                    let now = micros();
-                    let mut rest = &buf[..last];
-                    while let Some(at) = find(rest, b"\"t\":") {
-                        rest = &rest[at + 4..];
-                        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-                        let sent: u64 = std::str::from_utf8(&rest[..digits]).unwrap().parse().unwrap();
-                        let _ = tx.send(now.saturating_sub(sent));
-                    }
-                    buf.drain(..last + 2);
-                }
-            });
-        }
+        fanout::lean_sse_readers(authority, &format!("/v1/sessions/{key}/stream"), per_key, tx)
+            .await
+            .unwrap();
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).rposition(|w| w == needle)
-}
-
 async fn publish(http: &reqwest::Client, agent_api: &str, key: &str, epoch: i64, kind: &str) {
-    let body = json!({ "type": kind, "data": { "t": micros() } }).to_string();
-    let response = http
-        .post(format!("{agent_api}/v1/sessions/{key}/events"))
-        .header("leasehold-epoch", epoch)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
+    fanout::publish(http, agent_api, key, epoch, kind).await.unwrap();
 }
 
 fn pct(sorted: &[u64], q: f64) -> f64 {
-    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)] as f64 / 1000.0
+    fanout::percentile_ms(sorted, q)
 }
 
 /// Publish `events` events round-robin over `keys`, one every `pace` (plus the publish's
@@ -172,17 +111,7 @@ impl Cpu {
 }
 
 async fn claim_all(cluster: &Cluster, keys: &[String]) {
-    let http = reqwest::Client::new();
-    let base = cluster.nodes[0].public_url();
-    futures_util::stream::iter(keys.iter().cloned())
-        .for_each_concurrent(32, |key| {
-            let (http, base) = (http.clone(), base.clone());
-            async move {
-                let r = http.post(format!("{base}/v1/sessions/{key}/turns")).send().await.unwrap();
-                assert!(r.status().is_success());
-            }
-        })
-        .await;
+    fanout::claim_all(cluster, keys).await.unwrap();
 }
 
 /// The burst pace: one event every 2 ms per key (500 events/s), well past a model's rate.

@@ -4,8 +4,10 @@
 
 pub mod bare_proxy;
 pub mod blackhole;
+pub mod centrifugo;
 pub mod chaos;
 pub mod cluster;
+pub mod fanout;
 pub mod link;
 pub mod observer;
 pub mod postgres;

@@ -108,15 +108,62 @@ pub fn is_stopped(pid: u32) -> bool {
 /// CPU time (user + system) a process has used so far, from `/proc/<pid>/stat`; `None`
 /// if it is gone. Benchmarks divide the difference over a run by the work done.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces: count fields after its closing ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ');
-    // Fields 14 and 15 of the file (utime, stime) are the 12th and 13th after the name.
-    let utime: u64 = fields.nth(11)?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    let ticks = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??).ok()?;
-    Some(Duration::from_nanos((utime + stime) * 1_000_000_000 / ticks))
+    let stat = Stat::read(pid)?;
+    ticks_to_duration(stat.utime + stat.stime)
+}
+
+/// CPU time of a process and its children, live or exited: its own, what its exited
+/// children used (counted once it has reaped them), and what its live children used so
+/// far. For a server that works in child processes (a Postgres server: the postmaster and
+/// one backend per connection); grandchildren count only once their parent reaped them.
+pub fn cpu_time_with_children(pid: u32) -> Option<Duration> {
+    let stat = Stat::read(pid)?;
+    let mut ticks = stat.utime + stat.stime + stat.cutime + stat.cstime;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        // A child gone since the listing counts in `cutime` at the next reading.
+        if let Some(child) = Stat::read(child).filter(|c| c.ppid == pid) {
+            ticks += child.utime + child.stime;
+        }
+    }
+    ticks_to_duration(ticks)
+}
+
+/// The parent of a process (`None` if it is gone).
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    Stat::read(pid).map(|s| s.ppid)
+}
+
+/// The fields of `/proc/<pid>/stat` the CPU accounting reads (in clock ticks).
+struct Stat {
+    ppid: u32,
+    utime: u64,
+    stime: u64,
+    cutime: u64,
+    cstime: u64,
+}
+
+impl Stat {
+    fn read(pid: u32) -> Option<Stat> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name (field 2) may hold spaces: count fields after its closing ')'.
+        // Field n of the file (n ≥ 3) is then the (n - 3)th: ppid is 4, utime 14, stime
+        // 15, cutime 16, cstime 17.
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+        let field = |n: usize| fields.get(n - 3)?.parse().ok();
+        Some(Stat {
+            ppid: u32::try_from(field(4)?).ok()?,
+            utime: field(14)?,
+            stime: field(15)?,
+            cutime: field(16)?,
+            cstime: field(17)?,
+        })
+    }
+}
+
+fn ticks_to_duration(ticks: u64) -> Option<Duration> {
+    let per_second = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??).ok()?;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
 }
 
 #[cfg(test)]
@@ -159,5 +206,56 @@ mod tests {
         let slept = cpu_time(pid).unwrap() - worked;
         assert!(slept < Duration::from_millis(100), "300 ms asleep counted {slept:?} of CPU");
         assert!(cpu_time(u32::MAX).is_none(), "no such process");
+    }
+
+    #[test]
+    fn a_parents_count_includes_its_childrens_work() {
+        /// Generous: the child spinning this long on a loaded machine still gets some CPU.
+        const SPIN_WITHIN: Duration = Duration::from_secs(60);
+        // A shell that starts one spinning child and waits; the shell itself sleeps.
+        let mut parent = Proc::spawn(
+            "spinner",
+            {
+                let mut cmd = Command::new("sh");
+                cmd.args(["-c", "sh -c 'while :; do :; done' & wait"]);
+                cmd
+            },
+            &std::env::temp_dir().join(format!("lh-cpu-children-{}.log", std::process::id())),
+        )
+        .unwrap();
+        let pid = parent.pid();
+        // The spinning child, by its PID (the one whose parent is the shell), killed when
+        // this test ends however it ends (declared after the shell: dropped first).
+        let started = Instant::now();
+        let child = loop {
+            let found = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .find(|c| Stat::read(*c).is_some_and(|s| s.ppid == pid));
+            if let Some(child) = found {
+                break KillOnDrop(child);
+            }
+            assert!(started.elapsed() < SPIN_WITHIN, "the shell never started its child");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        while cpu_time_with_children(pid).unwrap() < Duration::from_millis(200) {
+            assert!(started.elapsed() < SPIN_WITHIN, "the child's spinning never showed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(cpu_time(pid).unwrap() < Duration::from_millis(100), "the shell itself waits");
+        assert_eq!(parent_pid(pid), Some(std::process::id()));
+        assert_eq!(parent_pid(child.0), Some(pid));
+        drop(child);
+        parent.kill9();
+    }
+
+    /// Kills a process that no [`Proc`] owns (a grandchild) by its PID when dropped.
+    struct KillOnDrop(u32);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGKILL);
+        }
     }
 }
