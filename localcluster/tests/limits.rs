@@ -36,6 +36,17 @@ async fn stream(http: &reqwest::Client, node: &Node, key: &str) -> reqwest::Resp
     http.get(format!("{}/v1/sessions/{key}/stream", node.public_url())).send().await.unwrap()
 }
 
+/// Raise this test process's open-file limit to its hard limit: the floods below hold
+/// thousands of sockets at once.
+fn raise_fd_limit(needed: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit NOFILE to the hard limit");
+    }
+    assert!(hard >= needed, "RLIMIT_NOFILE hard limit {hard} < {needed}: raise it to run this test");
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
@@ -50,6 +61,11 @@ async fn transactions(db: &mut sqlx::PgConnection) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay_bounded() {
     const SESSIONS: usize = 160;
+    /// Stream attempts in all: the first fill the caps, the rest are refused.
+    const STREAM_ATTEMPTS: usize = 1_000;
+    /// Connections opened at once to node-b's public port, past its cap.
+    const FLOOD_CONNECTIONS: usize = 2_000;
+    raise_fd_limit((FLOOD_CONNECTIONS + STREAM_ATTEMPTS + 1_000) as u64);
     let _serial = support::serial().await;
     let db = support::database().await;
     let options =
@@ -100,6 +116,19 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
         }
     }
     assert!(refusals > 1, "the node limit was reached");
+    // More attempts, on sessions already observed: every one is refused at once, none queued.
+    let mut attempts = MAX_STREAMS_PER_SESSION + SESSIONS;
+    for i in 0.. {
+        if attempts >= STREAM_ATTEMPTS {
+            break;
+        }
+        let response = stream(&http, b, &format!("s-{}", i % SESSIONS)).await;
+        assert_eq!(response.status(), 503, "attempt {attempts}: past the node limit");
+        assert_eq!(response.headers()["leasehold-refusal"], "overloaded");
+        refusals += 1;
+        attempts += 1;
+    }
+    eprintln!("{attempts} stream attempts: {} open, {refusals} refused", open.len());
     assert_eq!(b.metric("leasehold_observers", "").await, MAX_STREAMS as f64);
     assert_eq!(b.metric("leasehold_streams_refused_total", "").await, refusals as f64);
 
@@ -134,19 +163,20 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
     // second (as before) would be ~750.
     assert!(during < 100, "{during} transactions in 5 s with nothing happening");
 
-    // Connections: 1000 more to node-b's public port, past its cap of 300 (200 are the
+    // Connections: 2000 more to node-b's public port, past its cap of 300 (200 are the
     // streams): file descriptors stay bounded, those past the cap are answered
     // `overloaded`, and node-b stays ready.
     let fds_before = open_fds(b.sidecar.pid());
     let mut flood = Vec::new();
-    for _ in 0..1000 {
+    for _ in 0..FLOOD_CONNECTIONS {
         if let Ok(conn) = tokio::net::TcpStream::connect((b.ip, localcluster::cluster::PUBLIC_PORT)).await {
             flood.push(conn);
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let fds = open_fds(b.sidecar.pid());
-    eprintln!("node-b fds: {fds_before} with the streams, {fds} with 1000 more connections");
+    eprintln!("node-b fds: {fds_before} with the streams, {fds} with {} more connections", flood.len());
+    assert_eq!(flood.len(), FLOOD_CONNECTIONS, "every flood connection was opened");
     assert!(fds <= fds_before + (MAX_CONNECTIONS - MAX_STREAMS) + 100, "{fds} fds open");
     let ready = http.get(format!("{}/readyz", b.admin_url())).send().await.unwrap().status();
     assert_eq!(ready, 200, "node-b stays ready");
