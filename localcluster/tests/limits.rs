@@ -27,6 +27,11 @@ fn limited() -> Vec<(String, String)> {
     .to_vec()
 }
 
+/// The kubelet's probes must be answered within this of a flood of idle admin
+/// connections: well under the 10 s the flood would hold the connection cap for (the
+/// sidecar's header-read timeout), and within a probe's default timeout plus a retry.
+const PROBES_ANSWERED_WITHIN: Duration = Duration::from_secs(4);
+
 /// Longest a Postgres 15 backend holds its statistics before reporting them once idle
 /// (PGSTAT_IDLE_INTERVAL, 10 s), and a second more.
 const STATS_FLUSH: std::time::Duration = std::time::Duration::from_secs(11);
@@ -199,4 +204,37 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
         assert!(Instant::now() < served_by, "node-b never served again after the flood");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The admin port under a flood of idle connections past its cap: the kubelet's probes
+    // (each a new connection) are still answered, soon, and file descriptors stay bounded.
+    let admin_fds_before = open_fds(b.sidecar.pid());
+    let mut admin_flood = Vec::new();
+    for _ in 0..FLOOD_CONNECTIONS {
+        if let Ok(conn) = tokio::net::TcpStream::connect((b.ip, localcluster::cluster::ADMIN_PORT)).await {
+            admin_flood.push(conn);
+        }
+    }
+    assert_eq!(admin_flood.len(), FLOOD_CONNECTIONS, "every admin flood connection was opened");
+    let flooded_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await; // the refusals' answers go out
+    let fds = open_fds(b.sidecar.pid());
+    eprintln!("node-b fds: {admin_fds_before} before, {fds} with {FLOOD_CONNECTIONS} idle admin connections");
+    assert!(fds <= admin_fds_before + MAX_CONNECTIONS + 100, "{fds} fds open");
+    let probe = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    for path in ["/readyz", "/healthz"] {
+        loop {
+            let answer = probe.get(format!("{}{path}", b.admin_url())).send().await;
+            if answer.as_ref().is_ok_and(|a| a.status() == 200) {
+                break;
+            }
+            let status = answer.map(|a| a.status().to_string()).unwrap_or_else(|e| e.to_string());
+            assert!(
+                flooded_at.elapsed() < PROBES_ANSWERED_WITHIN,
+                "{path} not answered 200 within {PROBES_ANSWERED_WITHIN:?} of the admin flood: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!("probes answered {:?} into the admin flood", flooded_at.elapsed());
+    drop(admin_flood);
 }

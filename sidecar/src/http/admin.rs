@@ -57,6 +57,16 @@ pub fn router(app: Admin) -> Router {
         .with_state(app)
 }
 
+/// What the admin listener serves on its probe reserve (connections past its cap): the
+/// kubelet's probes, and `503 overloaded` for anything else.
+pub fn probe_router(app: Admin) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { reply::refusal(&crate::turn::directive::Refusal::Overloaded) })
+        .with_state(app)
+}
+
 /// Only a proof of the cluster secret made for this node passes (`401` otherwise).
 async fn authenticate(State(app): State<Admin>, request: Request, next: Next) -> Response {
     let verifier = Verifier {
