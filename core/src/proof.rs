@@ -55,21 +55,88 @@ type HmacSha256 = Hmac<Sha256>;
 /// The header a pod's preStop hook sends `GET /drained` with, to start its own sidecar's
 /// drain: a kubelet `httpGet` hook carries fixed headers and cannot sign a request.
 pub const DRAIN_HOOK_HEADER: &str = "leasehold-drain-hook";
-/// Domain of the drain-hook token: it authorises nothing but starting a drain.
+/// Domain of the drain-hook token: it authorises nothing but starting a drain (and the
+/// one user hook it was made for, see [`DrainThen`]).
 const DRAIN_HOOK_DOMAIN: &[u8] = b"leasehold-drain-hook-v1";
 
-fn drain_hook_mac(key: &HmacSha256) -> HmacSha256 {
+/// A user's own preStop hook that `GET /drained` carries out after the drain (the query
+/// parameters `then_port`, `then_path`, `then_sleep`). A drain-hook token covers these
+/// values, so the token in a pod's hook runs that hook and no other: whoever reads the
+/// token from the pod spec cannot make the sidecar GET another loopback port or path,
+/// nor sleep longer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainThen {
+    /// Port of a GET on the pod's loopback.
+    pub port: Option<u16>,
+    /// Path (and query) of that GET, as the sidecar receives it (decoded).
+    pub path: Option<String>,
+    /// Seconds to sleep.
+    pub sleep: Option<u64>,
+}
+
+impl DrainThen {
+    /// No user hook.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The query string `GET /drained` takes for it (without `?`; empty for none).
+    pub fn query(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(port) = self.port {
+            parts.push(format!("then_port={port}"));
+        }
+        if let Some(path) = &self.path {
+            parts.push(format!("then_path={}", query_escape(path)));
+        }
+        if let Some(sleep) = self.sleep {
+            parts.push(format!("then_sleep={sleep}"));
+        }
+        parts.join("&")
+    }
+
+    /// Feed the values to a MAC, unambiguously: each present field under its own marker,
+    /// in a fixed order, the one free-form value (the path) length-prefixed. Nothing for
+    /// an empty hook, so a hook without a user hook keeps the plain token.
+    fn sign_into(&self, mac: &mut HmacSha256) {
+        if let Some(port) = self.port {
+            mac.update(format!("\nthen_port={port}").as_bytes());
+        }
+        if let Some(path) = &self.path {
+            mac.update(format!("\nthen_path={}:", path.len()).as_bytes());
+            mac.update(path.as_bytes());
+        }
+        if let Some(sleep) = self.sleep {
+            mac.update(format!("\nthen_sleep={sleep}").as_bytes());
+        }
+    }
+}
+
+/// Query-escape a value (RFC 3986 unreserved characters kept).
+fn query_escape(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn drain_hook_mac(key: &HmacSha256, then: &DrainThen) -> HmacSha256 {
     let mut mac = key.clone();
     mac.update(DRAIN_HOOK_DOMAIN);
+    then.sign_into(&mut mac);
     mac
 }
 
-/// The drain-hook token of a cluster secret: an HMAC of a fixed domain string, so it shows
-/// nothing of the secret and opens nothing but the drain of a pod of that cluster. It
-/// stands in the pod spec (the operator writes it into the hook).
-pub fn drain_hook_token(secret: &str) -> String {
+/// The drain-hook token of a cluster secret for a hook that then runs `then`: an HMAC of
+/// a fixed domain string and the `then` values, so it shows nothing of the secret and
+/// opens nothing but the drain of a pod of that cluster followed by that one user hook.
+/// It stands in the pod spec (the operator writes it into the hook).
+pub fn drain_hook_token(secret: &str, then: &DrainThen) -> String {
     let key = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
-    hex(&drain_hook_mac(&key).finalize().into_bytes())
+    hex(&drain_hook_mac(&key, then).finalize().into_bytes())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,14 +313,14 @@ impl PeerAuth {
         ]
     }
 
-    /// Whether `token` is the drain-hook token of the current or the previous secret
-    /// (any token in insecure mode, like every proof).
-    pub fn accepts_drain_hook(&self, token: &str) -> bool {
+    /// Whether `token` is the drain-hook token of the current or the previous secret for
+    /// exactly the user hook `then` (any token in insecure mode, like every proof).
+    pub fn accepts_drain_hook(&self, token: &str, then: &DrainThen) -> bool {
         if self.keys.is_empty() {
             return true;
         }
         let Ok(bytes) = hex::decode(token) else { return false };
-        self.keys.iter().any(|key| drain_hook_mac(key).verify_slice(&bytes).is_ok())
+        self.keys.iter().any(|key| drain_hook_mac(key, then).verify_slice(&bytes).is_ok())
     }
 
     /// Check an incoming request's proof, made for `request.destination` (our node id).
@@ -305,16 +372,48 @@ mod tests {
 
     #[test]
     fn the_drain_hook_token_opens_only_for_its_secrets() {
-        let token = drain_hook_token("current");
-        assert_eq!(token, drain_hook_token("current"), "stable: it stands in the pod spec");
+        let none = DrainThen::default();
+        let token = drain_hook_token("current", &none);
+        assert_eq!(token, drain_hook_token("current", &none), "stable: it stands in the pod spec");
         assert!(!token.contains("current"));
         let rotating = PeerAuth::new(Some("current"), Some("before"));
-        assert!(rotating.accepts_drain_hook(&token));
-        assert!(rotating.accepts_drain_hook(&drain_hook_token("before")), "pods started before a rotation");
-        assert!(!rotating.accepts_drain_hook(&drain_hook_token("other")));
-        assert!(!rotating.accepts_drain_hook("not hex"));
-        assert!(!rotating.accepts_drain_hook(""));
-        assert!(PeerAuth::new(None, None).accepts_drain_hook(""), "insecure mode accepts everything");
+        assert!(rotating.accepts_drain_hook(&token, &none));
+        assert!(
+            rotating.accepts_drain_hook(&drain_hook_token("before", &none), &none),
+            "pods started before a rotation"
+        );
+        assert!(!rotating.accepts_drain_hook(&drain_hook_token("other", &none), &none));
+        assert!(!rotating.accepts_drain_hook("not hex", &none));
+        assert!(!rotating.accepts_drain_hook("", &none));
+        assert!(PeerAuth::new(None, None).accepts_drain_hook("", &none), "insecure mode accepts everything");
+    }
+
+    /// The token covers the user hook it was made for: the same token with another port,
+    /// path or sleep (or with a user hook added or removed) opens nothing.
+    #[test]
+    fn the_drain_hook_token_covers_its_user_hook() {
+        let auth = PeerAuth::new(Some("current"), None);
+        let get = DrainThen { port: Some(3000), path: Some("/flush?why=stop".into()), sleep: None };
+        let token = drain_hook_token("current", &get);
+        assert!(auth.accepts_drain_hook(&token, &get));
+        let others = [
+            DrainThen::default(),
+            DrainThen { port: Some(3001), ..get.clone() },
+            DrainThen { path: Some("/admin/shutdown".into()), ..get.clone() },
+            DrainThen { path: None, ..get.clone() },
+            DrainThen { sleep: Some(3600), ..get.clone() },
+        ];
+        for other in &others {
+            assert!(!auth.accepts_drain_hook(&token, other), "{other:?}");
+        }
+        let plain = drain_hook_token("current", &DrainThen::default());
+        assert!(!auth.accepts_drain_hook(&plain, &get), "the plain token runs no user hook");
+        // The path is length-prefixed: a path cannot pose as a later field.
+        let sleep = DrainThen { port: Some(1), path: Some("a".into()), sleep: Some(5) };
+        let forged = DrainThen { port: Some(1), path: Some("a\nthen_sleep=5".into()), sleep: None };
+        assert_ne!(drain_hook_token("current", &sleep), drain_hook_token("current", &forged));
+        assert_eq!(get.query(), "then_port=3000&then_path=%2Fflush%3Fwhy%3Dstop");
+        assert_eq!(DrainThen { sleep: Some(7), ..Default::default() }.query(), "then_sleep=7");
     }
     use super::*;
 

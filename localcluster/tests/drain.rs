@@ -493,13 +493,22 @@ async fn the_client_gives_up_at_the_retry_budget_of_a_draining_node() {
 }
 
 /// The agent container's preStop hook under the native-sidecar layout (a kubelet GET,
-/// which cannot sign): with the cluster's drain-hook token it starts the drain itself;
-/// with another cluster's token it only waits (and no drain starts); after the drain the
-/// sidecar runs the user's own hook moved there (a GET on the pod's loopback), which sees
-/// the pod already draining.
+/// which cannot sign): with the cluster's drain-hook token made for its user hook it
+/// starts the drain itself, then the sidecar runs that user hook (a GET on the pod's
+/// loopback), which sees the pod already draining. Without that token, `401` at once:
+/// another cluster's token, `then_*` without a token, or the cluster's token for another
+/// user hook start no drain, send no GET to the pod's loopback, and hold no connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_hook_with_the_cluster_token_drains_then_runs_the_users_hook() {
+    use leasehold_core::proof::{drain_hook_token, DrainThen};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// A refusal is immediate; a sidecar that ran a user's GET against our listener
+    /// (which never answers while refusals are tested) or a `then_sleep` would hang past it.
+    const REFUSED_WITHIN: Duration = Duration::from_secs(3);
+    /// The handler runs a user's GET before it answers, so a connection it made is already
+    /// in the listener's backlog when the answer arrives and `accept` returns it at once:
+    /// this only covers the runtime's wake-up.
+    const BACKLOG_CHECK: Duration = Duration::from_millis(200);
     let _serial = support::serial().await;
     let db = support::database().await;
     let options = ClusterOptions { nodes: 1, ..options() };
@@ -511,28 +520,66 @@ async fn the_drain_hook_with_the_cluster_token_drains_then_runs_the_users_hook()
         .post("/v1/sessions/h-1/turns", json!({"text": "x"}).to_string().into(), Some(0))
         .await
         .unwrap();
-    let hook = |token: String, query: &str| {
+    let hook = |token: Option<String>, query: String| {
         let url = format!("{}/drained{query}", node.admin_url());
         async move {
-            let response = reqwest::Client::new()
-                .get(url)
-                .header(leasehold_core::proof::DRAIN_HOOK_HEADER, token)
-                .send()
-                .await
-                .expect("admin port reachable");
+            let mut request = reqwest::Client::new().get(url);
+            if let Some(token) = token {
+                request = request.header(leasehold_core::proof::DRAIN_HOOK_HEADER, token);
+            }
+            let response = request.send().await.expect("admin port reachable");
             (response.status().as_u16(), response.json::<serde_json::Value>().await.unwrap_or_default())
         }
     };
     let readyz = format!("{}/readyz", node.admin_url());
 
-    let (status, body) = hook(leasehold_core::proof::drain_hook_token("another-cluster"), "").await;
-    assert_eq!((status, body["error"].as_str()), (503, Some("not_drained")), "another token starts nothing");
-    assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 200, "still serving");
-
-    // The user's hook: a GET on the pod's loopback, answered with whether the pod was
-    // already draining when it arrived.
+    // The user's hook: a GET on the pod's loopback, on a port this test owns.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
+    let then = DrainThen { port: Some(port), path: Some("/flush?why=stop".into()), sleep: None };
+    let query = format!("?{}", then.query());
+    assert_eq!(query, format!("?then_port={port}&then_path=%2Fflush%3Fwhy%3Dstop"));
+    let elsewhere = DrainThen { path: Some("/admin/shutdown".into()), ..then.clone() };
+    let sleep = DrainThen { sleep: Some(3600), ..Default::default() };
+    let refused = [
+        (
+            "another cluster's token",
+            Some(drain_hook_token("another-cluster", &DrainThen::default())),
+            String::new(),
+        ),
+        ("another cluster's token, a GET", Some(drain_hook_token("another-cluster", &then)), query.clone()),
+        ("no token, a GET", None, query.clone()),
+        (
+            "this cluster's token for no user hook, a GET",
+            Some(drain_hook_token(&secret, &DrainThen::default())),
+            query.clone(),
+        ),
+        (
+            "this cluster's token for another path",
+            Some(drain_hook_token(&secret, &then)),
+            format!("?{}", elsewhere.query()),
+        ),
+        ("no token, an hour's sleep", None, format!("?{}", sleep.query())),
+        (
+            "another cluster's token, an hour's sleep",
+            Some(drain_hook_token("another-cluster", &sleep)),
+            format!("?{}", sleep.query()),
+        ),
+    ];
+    let failures_before = node.metric("leasehold_peer_auth_failures_total", "").await;
+    for (case, token, query) in refused {
+        let answered = tokio::time::timeout(REFUSED_WITHIN, hook(token, query)).await;
+        let (status, body) =
+            answered.unwrap_or_else(|_| panic!("{case}: no answer within {REFUSED_WITHIN:?}"));
+        assert_eq!((status, body["error"].as_str()), (401, Some("unauthorized")), "{case}: {body}");
+        let reached = tokio::time::timeout(BACKLOG_CHECK, listener.accept()).await;
+        assert!(reached.is_err(), "{case}: the sidecar connected to the user's port");
+        assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 200, "{case}: no drain started");
+    }
+    let failures = node.metric("leasehold_peer_auth_failures_total", "").await - failures_before;
+    assert_eq!(failures, 7.0, "each refusal counted");
+
+    // The user's hook answers, with whether the pod was already draining when it arrived.
     let user_hook = tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut request = vec![0; 4096];
@@ -541,8 +588,7 @@ async fn the_drain_hook_with_the_cluster_token_drains_then_runs_the_users_hook()
         socket.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n").await.unwrap();
         (String::from_utf8_lossy(&request[..n]).lines().next().unwrap_or_default().to_owned(), draining)
     });
-    let query = format!("?then_port={port}&then_path=%2Fflush%3Fwhy%3Dstop");
-    let (status, report) = hook(leasehold_core::proof::drain_hook_token(&secret), &query).await;
+    let (status, report) = hook(Some(drain_hook_token(&secret, &then)), query).await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["handed_back"], 1, "the hook drained the pod: {report}");
     let (request_line, draining) = user_hook.await.unwrap();

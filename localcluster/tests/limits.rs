@@ -27,6 +27,11 @@ fn limited() -> Vec<(String, String)> {
     .to_vec()
 }
 
+/// The kubelet's probes must be answered within this of a flood of idle admin
+/// connections: well under the 10 s the flood would hold the connection cap for (the
+/// sidecar's header-read timeout), and within a probe's default timeout plus a retry.
+const PROBES_ANSWERED_WITHIN: Duration = Duration::from_secs(4);
+
 /// Longest a Postgres 15 backend holds its statistics before reporting them once idle
 /// (PGSTAT_IDLE_INTERVAL, 10 s), and a second more.
 const STATS_FLUSH: std::time::Duration = std::time::Duration::from_secs(11);
@@ -34,6 +39,17 @@ const STATS_FLUSH: std::time::Duration = std::time::Duration::from_secs(11);
 /// Open a stream of `key` on `node`: the response (streaming, kept open while held).
 async fn stream(http: &reqwest::Client, node: &Node, key: &str) -> reqwest::Response {
     http.get(format!("{}/v1/sessions/{key}/stream", node.public_url())).send().await.unwrap()
+}
+
+/// Raise this test process's open-file limit to its hard limit: the floods below hold
+/// thousands of sockets at once.
+fn raise_fd_limit(needed: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit NOFILE to the hard limit");
+    }
+    assert!(hard >= needed, "RLIMIT_NOFILE hard limit {hard} < {needed}: raise it to run this test");
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -75,6 +91,11 @@ async fn transactions(db: &mut sqlx::PgConnection) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay_bounded() {
     const SESSIONS: usize = 160;
+    /// Stream attempts in all: the first fill the caps, the rest are refused.
+    const STREAM_ATTEMPTS: usize = 1_000;
+    /// Connections opened at once to node-b's public port, past its cap.
+    const FLOOD_CONNECTIONS: usize = 2_000;
+    raise_fd_limit((FLOOD_CONNECTIONS + STREAM_ATTEMPTS + 1_000) as u64);
     let _serial = support::serial().await;
     let db = support::database().await;
     let options =
@@ -125,6 +146,19 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
         }
     }
     assert!(refusals > 1, "the node limit was reached");
+    // More attempts, on sessions already observed: every one is refused at once, none queued.
+    let mut attempts = MAX_STREAMS_PER_SESSION + SESSIONS;
+    for i in 0.. {
+        if attempts >= STREAM_ATTEMPTS {
+            break;
+        }
+        let response = stream(&http, b, &format!("s-{}", i % SESSIONS)).await;
+        assert_eq!(response.status(), 503, "attempt {attempts}: past the node limit");
+        assert_eq!(response.headers()["leasehold-refusal"], "overloaded");
+        refusals += 1;
+        attempts += 1;
+    }
+    eprintln!("{attempts} stream attempts: {} open, {refusals} refused", open.len());
     assert_eq!(b.metric("leasehold_observers", "").await, MAX_STREAMS as f64);
     assert_eq!(b.metric("leasehold_streams_refused_total", "").await, refusals as f64);
 
@@ -159,12 +193,12 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
     // second (as before) would be ~750.
     assert!(during < 100, "{during} transactions in 5 s with nothing happening");
 
-    // Connections: 1000 more to node-b's public port, past its cap of 300 (200 are the
+    // Connections: 2000 more to node-b's public port, past its cap of 300 (200 are the
     // streams): file descriptors stay bounded, those past the cap are answered
     // `overloaded`, and node-b stays ready.
     let fds_before = open_fds(b.sidecar.pid());
     let mut flood = Vec::new();
-    for _ in 0..1000 {
+    for _ in 0..FLOOD_CONNECTIONS {
         if let Ok(conn) = tokio::net::TcpStream::connect((b.ip, localcluster::cluster::PUBLIC_PORT)).await {
             flood.push(conn);
         }
@@ -177,7 +211,11 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
     .await;
     let admitted = MAX_CONNECTIONS - MAX_STREAMS;
     let fds = open_fds(b.sidecar.pid());
-    eprintln!("node-b fds: {fds_before} with the streams, {fds} with 1000 more connections accepted");
+    eprintln!(
+        "node-b fds: {fds_before} with the streams, {fds} with {} more connections accepted",
+        flood.len()
+    );
+    assert_eq!(flood.len(), FLOOD_CONNECTIONS, "every flood connection was opened");
     assert!(fds <= fds_before + admitted + REFUSALS_IN_FLIGHT + 100, "{fds} fds open");
     // Once the refusals are answered, only the admitted connections stay open.
     let settle_by = Instant::now() + REFUSALS_SETTLE;
@@ -211,4 +249,37 @@ async fn floods_of_streams_and_connections_are_refused_with_a_directive_and_stay
         assert!(Instant::now() < served_by, "node-b never served again after the flood");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The admin port under a flood of idle connections past its cap: the kubelet's probes
+    // (each a new connection) are still answered, soon, and file descriptors stay bounded.
+    let admin_fds_before = open_fds(b.sidecar.pid());
+    let mut admin_flood = Vec::new();
+    for _ in 0..FLOOD_CONNECTIONS {
+        if let Ok(conn) = tokio::net::TcpStream::connect((b.ip, localcluster::cluster::ADMIN_PORT)).await {
+            admin_flood.push(conn);
+        }
+    }
+    assert_eq!(admin_flood.len(), FLOOD_CONNECTIONS, "every admin flood connection was opened");
+    let flooded_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await; // the refusals' answers go out
+    let fds = open_fds(b.sidecar.pid());
+    eprintln!("node-b fds: {admin_fds_before} before, {fds} with {FLOOD_CONNECTIONS} idle admin connections");
+    assert!(fds <= admin_fds_before + MAX_CONNECTIONS + 100, "{fds} fds open");
+    let probe = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    for path in ["/readyz", "/healthz"] {
+        loop {
+            let answer = probe.get(format!("{}{path}", b.admin_url())).send().await;
+            if answer.as_ref().is_ok_and(|a| a.status() == 200) {
+                break;
+            }
+            let status = answer.map(|a| a.status().to_string()).unwrap_or_else(|e| e.to_string());
+            assert!(
+                flooded_at.elapsed() < PROBES_ANSWERED_WITHIN,
+                "{path} not answered 200 within {PROBES_ANSWERED_WITHIN:?} of the admin flood: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!("probes answered {:?} into the admin flood", flooded_at.elapsed());
+    drop(admin_flood);
 }

@@ -25,6 +25,7 @@ use k8s_openapi::{
     },
 };
 use kube::{Resource, ResourceExt};
+use leasehold_core::proof::DrainThen;
 use leasehold_crds::{AgentCluster, CLUSTER_SECRET_KEY, PREVIOUS_CLUSTER_SECRET_KEY};
 use sha2::{Digest, Sha256};
 
@@ -154,25 +155,14 @@ fn sidecar_drain_hook() -> Lifecycle {
     }
 }
 
-/// Query-escape a value (RFC 3986 unreserved characters kept).
-fn query_escape(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// What the drain hook does with a user's own preStop hook on an agent container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserHook {
     /// None: the drain hook alone.
     None,
     /// Carried out by the sidecar after the drain: a GET on the pod's loopback, a sleep.
-    /// The query `/drained` takes for it.
-    AfterDrain(String),
+    /// `/drained` takes it in its query, and the drain-hook token covers it.
+    AfterDrain(DrainThen),
     /// Kept as it is (an `exec` or `tcpSocket` hook, or a GET the sidecar cannot repeat
     /// faithfully: another host, HTTPS, headers): the container does not wait for the
     /// drain; the operator's drain on deletion and the sidecar's own hook remain.
@@ -189,25 +179,26 @@ pub fn user_hook(container: &Container) -> UserHook {
             && get.scheme.as_deref().is_none_or(|s| s.eq_ignore_ascii_case("HTTP"))
             && get.http_headers.as_ref().is_none_or(Vec::is_empty);
         let port = match &get.port {
-            IntOrString::Int(port) => Some(*port),
+            IntOrString::Int(port) => u16::try_from(*port).ok(),
             IntOrString::String(name) => container
                 .ports
                 .iter()
                 .flatten()
                 .find(|p| p.name.as_deref() == Some(name.as_str()))
-                .map(|p| p.container_port),
+                .and_then(|p| u16::try_from(p.container_port).ok()),
         };
         return match (plain, port, hook.exec.is_none() && hook.sleep.is_none()) {
             (true, Some(port), true) => {
-                let path = get.path.as_deref().unwrap_or("/");
-                UserHook::AfterDrain(format!("then_port={port}&then_path={}", query_escape(path)))
+                let path = get.path.as_deref().unwrap_or("/").to_owned();
+                UserHook::AfterDrain(DrainThen { port: Some(port), path: Some(path), sleep: None })
             }
             _ => UserHook::Kept,
         };
     }
     match &hook.sleep {
         Some(sleep) if hook.exec.is_none() && hook.tcp_socket.is_none() => {
-            UserHook::AfterDrain(format!("then_sleep={}", sleep.seconds.max(0)))
+            let seconds = u64::try_from(sleep.seconds).unwrap_or(0);
+            UserHook::AfterDrain(DrainThen { sleep: Some(seconds), ..Default::default() })
         }
         _ => UserHook::Kept,
     }
@@ -216,11 +207,12 @@ pub fn user_hook(container: &Container) -> UserHook {
 /// An agent container's preStop hook: run the drain of this pod's sidecar (with the
 /// cluster's drain-hook token; without one, wait for the operator's drain) and answer when
 /// it is done, so the agent gets SIGTERM only once its sessions are handed back; then the
-/// user's own hook, if it was moved there (`query`). The kubelet's GET needs no proof.
-fn agent_drain_hook(drain_token: Option<&str>, query: Option<&str>) -> LifecycleHandler {
-    let path = match query {
-        Some(query) => format!("/drained?{query}"),
-        None => "/drained".to_owned(),
+/// user's own hook, if it was moved there (`then`, which the token covers). The kubelet's
+/// GET needs no proof.
+fn agent_drain_hook(drain_token: Option<&str>, then: &DrainThen) -> LifecycleHandler {
+    let path = match then.query() {
+        query if query.is_empty() => "/drained".to_owned(),
+        query => format!("/drained?{query}"),
     };
     let header = drain_token.map(|token| {
         vec![HTTPHeader {
@@ -418,13 +410,13 @@ pub fn deployment_with_drain_token(
     image: &str,
     keys: &crate::cluster_keys::ClusterKeys,
 ) -> Deployment {
-    let token = leasehold_core::proof::drain_hook_token(&keys.current);
-    pod_deployment(ac, timings, image, &keys.version(), Some(&token))
+    pod_deployment(ac, timings, image, &keys.version(), Some(&keys.current))
 }
 
 /// `secret_version`: [`crate::cluster_keys::ClusterKeys::version`] of the cluster secret,
 /// so that changing its values rolls the pods. The agents' hooks carry no drain-hook token
-/// (they wait for the operator's drain): see [`deployment_with_drain_token`].
+/// (they wait for the operator's drain), and a user's own preStop hook stays as it is
+/// (only a token can let the sidecar run it): see [`deployment_with_drain_token`].
 pub fn deployment(ac: &AgentCluster, timings: &Timings, image: &str, secret_version: &str) -> Deployment {
     pod_deployment(ac, timings, image, secret_version, None)
 }
@@ -434,7 +426,7 @@ fn pod_deployment(
     timings: &Timings,
     image: &str,
     secret_version: &str,
-    drain_token: Option<&str>,
+    drain_secret: Option<&str>,
 ) -> Deployment {
     let spec = &ac.spec;
     let mut template: PodTemplateSpec = spec.template.clone();
@@ -446,16 +438,19 @@ fn pod_deployment(
     let mut pod: PodSpec = template.spec.take().unwrap_or_default();
     let mut user_sleep = 0;
     for container in &mut pod.containers {
-        let query = match user_hook(container) {
+        let then = match user_hook(container) {
             UserHook::Kept => continue,
-            UserHook::None => None,
-            UserHook::AfterDrain(query) => Some(query),
+            UserHook::None => DrainThen::default(),
+            UserHook::AfterDrain(then) if drain_secret.is_some() => then,
+            // Without the secret no token covers the user's hook: the sidecar would refuse it.
+            UserHook::AfterDrain(_) => continue,
         };
         if let Some(sleep) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()?.sleep.as_ref()) {
             user_sleep = user_sleep.max(sleep.seconds.max(0));
         }
+        let token = drain_secret.map(|secret| leasehold_core::proof::drain_hook_token(secret, &then));
         container.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop =
-            Some(agent_drain_hook(drain_token, query.as_deref()));
+            Some(agent_drain_hook(token.as_deref(), &then));
     }
     // After the user's own init containers, before the agent containers.
     pod.init_containers.get_or_insert_with(Vec::new).push(sidecar(ac, image));

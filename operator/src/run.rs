@@ -75,10 +75,7 @@ pub async fn run(args: Args, client: Client) -> anyhow::Result<()> {
             client.clone(),
             Reporter { controller: "leasehold-operator".into(), instance: Some(identity) },
         ),
-        http: reqwest::Client::builder()
-            .connect_timeout(crate::pods::DRAIN_CONNECT_TIMEOUT)
-            .build()
-            .map_err(|e| anyhow::anyhow!("building the drain client: {e}"))?,
+        http: crate::pods::drain_client().map_err(|e| anyhow::anyhow!("building the drain client: {e}"))?,
     });
     let config = watcher::Config::default();
     // Children are watched by the label the operator puts on each: the API server sends

@@ -525,7 +525,8 @@ fn the_sidecar_is_a_native_sidecar_started_first_and_stopped_last() {
     let hook = pre_stop(&pod.containers[0]).http_get.unwrap();
     let headers = hook.http_headers.unwrap();
     assert_eq!(headers[0].name, leasehold_core::proof::DRAIN_HOOK_HEADER);
-    assert_eq!(headers[0].value, leasehold_core::proof::drain_hook_token("the-secret"));
+    let no_user_hook = leasehold_core::proof::DrainThen::default();
+    assert_eq!(headers[0].value, leasehold_core::proof::drain_hook_token("the-secret", &no_user_hook));
     assert!(!headers[0].value.contains("the-secret"));
     // The spec's resources replace the default.
     let mut sized = ac.clone();
@@ -577,12 +578,27 @@ fn a_users_pre_stop_hook_runs_after_the_drain_or_is_kept() {
         hooked("execer", exec.clone(), None),
     ];
     let timings = validate(&ac.spec).unwrap();
-    let d = build::deployment(&ac, &timings, IMAGE, VERSION);
+    // Without the cluster secret no token can cover a user's hook: each stays as it was.
+    let tokenless = build::deployment(&ac, &timings, IMAGE, VERSION);
+    let originals = &ac.spec.template.spec.as_ref().unwrap().containers;
+    for (built, original) in pod_of(&tokenless).containers.iter().zip(originals) {
+        assert_eq!(built.lifecycle, original.lifecycle, "{} kept without a token", built.name);
+    }
+    let keys = ClusterKeys::new("the-secret".into(), None);
+    let d = build::deployment_with_drain_token(&ac, &timings, IMAGE, &keys);
     let pod = pod_of(&d);
     let path = |c: &Container| pre_stop(c).http_get.unwrap().path.unwrap();
     assert_eq!(path(&pod.containers[0]), "/drained?then_port=3000&then_path=%2Fflush%3Fwhy%3Dstop%20now");
     assert_eq!(path(&pod.containers[1]), "/drained?then_sleep=7");
     assert_eq!(pre_stop(&pod.containers[2]), exec, "an exec hook is kept as it is");
+    // Each hook's token covers its own user hook, and only it.
+    use leasehold_core::proof::{drain_hook_token, DrainThen};
+    let token = |c: &Container| pre_stop(c).http_get.unwrap().http_headers.unwrap()[0].value.clone();
+    let get = DrainThen { port: Some(3000), path: Some("/flush?why=stop now".into()), sleep: None };
+    let sleep = DrainThen { sleep: Some(7), ..Default::default() };
+    assert_eq!(token(&pod.containers[0]), drain_hook_token("the-secret", &get));
+    assert_eq!(token(&pod.containers[1]), drain_hook_token("the-secret", &sleep));
+    assert_ne!(token(&pod.containers[0]), token(&pod.containers[1]));
     assert_eq!(
         pod.termination_grace_period_seconds,
         Some(25 + build::GRACE_MARGIN_SECS + 7),

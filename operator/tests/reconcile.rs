@@ -211,7 +211,7 @@ fn context(fake: &FakeApi) -> Arc<Context> {
         retention: Default::default(),
         stores: Stores::default(),
         recorder: Recorder::new(client, Reporter { controller: "leasehold-operator".into(), instance: None }),
-        http: reqwest::Client::new(),
+        http: pods::drain_client().unwrap(),
     })
 }
 
@@ -615,29 +615,69 @@ async fn a_deleted_or_failed_pod_has_its_leases_revoked_at_once() {
         .any(|c| c.path.contains("/events") && c.body.to_string().contains("LeasesRevoked")));
 }
 
+/// A listener on `ip`'s admin port that completes no connect: its accept queue is full
+/// and never drained, so the kernel drops further SYNs and a connect hangs until the
+/// client's connect timeout (a pod on a partitioned node, without a firewall). Keep both
+/// values alive.
+async fn blackholed_admin_port(
+    ip: std::net::Ipv4Addr,
+) -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+    /// A connect to a full queue hangs; one that fits completes at once on loopback.
+    const FILL_CONNECT: Duration = Duration::from_millis(200);
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((ip, 9090).into()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..4 {
+        let connect = tokio::net::TcpStream::connect((ip, 9090));
+        if let Ok(Ok(stream)) = tokio::time::timeout(FILL_CONNECT, connect).await {
+            queued.push(stream);
+        }
+    }
+    // The queue is full: a connect now hangs.
+    let probe = tokio::time::timeout(FILL_CONNECT, tokio::net::TcpStream::connect((ip, 9090))).await;
+    assert!(probe.is_err(), "the admin port at {ip} still completes connects");
+    (listener, queued)
+}
+
 /// Sixteen terminating pods whose admin ports accept and never answer (a partitioned
-/// node's pods) do not hold back the revocation of a failed pod's leases, and a gone pod
-/// leaves nothing remembered.
+/// node's pods), and four whose admin ports complete no connect, do not hold back the
+/// revocation of a failed pod's leases; the four are given up on (`DrainFailed`) within
+/// the drain client's connect timeout, and a gone pod leaves nothing remembered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_drains_do_not_delay_revoking_a_failed_pod() {
     const HANGING: usize = 16;
+    const BLACKHOLED: usize = 4;
+    /// Scheduling and the event's round trip to the fake API, on a loaded two-core host.
+    const SLACK: Duration = Duration::from_secs(2);
     let db = database().await;
     let store = LeaseStore::connect(&db, 2).await.unwrap();
     live_leases(&store, "failed-0", 2).await;
     let mut fake = fake(&db, vec![]);
     fake.cluster_secret = Some("s".into()); // the drains are signed and sent
     let ctx = context(&fake);
+    let metrics = ctx.metrics.clone();
     // Admin ports that accept (the kernel completes the handshake) and never answer.
     let mut silent = Vec::new();
     let mut events = Vec::new();
+    let terminating = |name: String, ip: std::net::Ipv4Addr| {
+        let pod = pod(
+            &name,
+            json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {"podIP": ip.to_string()}}),
+        );
+        Ok(kube::runtime::watcher::Event::Apply(serde_json::from_value(pod).unwrap()))
+    };
     for i in 0..HANGING {
         let ip = localcluster::cluster::next_ip();
         silent.push(std::net::TcpListener::bind((ip, 9090)).unwrap());
-        let terminating = pod(
-            &format!("hanging-{i}"),
-            json!({"metadata": {"deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {"podIP": ip.to_string()}}),
-        );
-        events.push(Ok(kube::runtime::watcher::Event::Apply(serde_json::from_value(terminating).unwrap())));
+        events.push(terminating(format!("hanging-{i}"), ip));
+    }
+    // Admin ports that complete no connect at all.
+    let mut blackholed = Vec::new();
+    for i in 0..BLACKHOLED {
+        let ip = localcluster::cluster::next_ip();
+        blackholed.push(blackholed_admin_port(ip).await);
+        events.push(terminating(format!("blackholed-{i}"), ip));
     }
     let failed: Pod =
         serde_json::from_value(pod("failed-0", json!({"status": {"phase": "Failed"}}))).unwrap();
@@ -656,9 +696,41 @@ async fn hanging_drains_do_not_delay_revoking_a_failed_pod() {
     eprintln!("failed pod revoked {:?} after its event, behind {HANGING} hanging drains", started.elapsed());
     assert_eq!(
         seen.len(),
-        HANGING + 1,
-        "the hanging pods (drained) and the failed pod (revoked); the gone one forgotten"
+        HANGING + BLACKHOLED + 1,
+        "the hanging and blackholed pods (drained) and the failed pod (revoked); the gone one forgotten"
     );
+
+    // The blackholed pods' drains fail at the connect timeout; the hanging ones (connected,
+    // waiting for an answer) do not, so the failures are the connect timeout's. Counted by
+    // the drain metric (the events recorder folds alike events into one series).
+    let failed_drains = || {
+        let text = metrics.encode();
+        let line =
+            text.lines().find(|l| l.starts_with(r#"leasehold_operator_drains_total{outcome="failed"}"#));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0) as usize
+    };
+    let bound = pods::DRAIN_CONNECT_TIMEOUT + SLACK;
+    while failed_drains() < BLACKHOLED {
+        assert!(
+            started.elapsed() < bound,
+            "{} of {BLACKHOLED} unreachable pods given up on (DrainFailed) within {bound:?}",
+            failed_drains()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let given_up = started.elapsed();
+    eprintln!("{BLACKHOLED} unreachable pods given up on {given_up:?} after their events");
+    assert!(given_up >= pods::DRAIN_CONNECT_TIMEOUT, "given up only at the connect timeout: {given_up:?}");
+    tokio::time::sleep(SLACK).await; // the events' round trips; and any later failure
+    assert_eq!(failed_drains(), BLACKHOLED, "only the unreachable pods' drains failed");
+    let events = fake.calls().into_iter().filter(|c| c.path.contains("/events")).map(|c| c.body.to_string());
+    let events: Vec<_> = events.filter(|b| b.contains("DrainFailed")).collect();
+    assert!(events.iter().any(|b| b.contains("blackholed-")), "a DrainFailed event: {events:?}");
+    assert!(
+        !events.iter().any(|b| b.contains("hanging-")),
+        "a connected drain waits for its answer: {events:?}"
+    );
+    drop((silent, blackholed));
 }
 
 #[test]

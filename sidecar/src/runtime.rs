@@ -318,7 +318,13 @@ async fn serve_listeners(parts: &Parts, args: &RunArgs, listeners: Listeners, sh
         http::server::serve(listeners.public, http::public::router(public), shutdown.clone(), cap),
         http::server::serve(listeners.peer, http::peer::router(peer), shutdown.clone(), cap),
         http::server::serve(listeners.agent, http::agent::router(agent), shutdown.clone(), cap),
-        http::server::serve(listeners.admin, http::admin::router(admin), shutdown, cap),
+        http::server::serve_with_probe_reserve(
+            listeners.admin,
+            http::admin::router(admin.clone()),
+            http::admin::probe_router(admin),
+            shutdown,
+            cap
+        ),
     );
 }
 

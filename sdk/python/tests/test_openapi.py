@@ -170,6 +170,25 @@ def proof(secret: str, method: str, path: str, node: str) -> dict[str, str]:
     }
 
 
+def drain_hook_token(secret: str, port: int | None, path: str | None, sleep: int | None) -> str:
+    """The drain-hook token made for these then_* values (docs/http-api.md, GET /drained)."""
+    message = b"leasehold-drain-hook-v1"
+    if port is not None:
+        message += f"\nthen_port={port}".encode()
+    if path is not None:
+        message += f"\nthen_path={len(path.encode())}:".encode() + path.encode()
+    if sleep is not None:
+        message += f"\nthen_sleep={sleep}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Api:
     """Requests to one listener, each checked against its document and recorded."""
 
@@ -553,6 +572,11 @@ def test_every_documented_route_and_status_against_running_sidecars(
     AD("GET", "/leases", 401)
     AD("POST", "/drain", 401)
     AD("GET", "/drained", 503)
+    # then_* without the token made for them: refused at once, nothing sleeps.
+    AD("GET", "/drained?then_sleep=3600", 401)
+    other = drain_hook_token(cluster.secret, None, None, 1)
+    AD("GET", "/drained?then_sleep=3600", 401, headers={"Leasehold-Drain-Hook": other})
+    AD("GET", "/readyz", 200)
 
     # ---- a dying owner: a forwarded cancel fails, then its session waits for its lease ---------
     agents[c.name].cancel_delay = LONG_TURN_S
@@ -583,6 +607,12 @@ def test_every_documented_route_and_status_against_running_sidecars(
     )
     assert set(report.json()) == {"handed_back", "in_flight_finished", "in_flight_stood_down"}
     adm[b.name]("GET", "/drained", 200)
+    # The user's hook the token covers runs after the drain: a GET to a closed port fails.
+    port = closed_port()
+    hook = drain_hook_token(cluster.secret, port, "/x", None)
+    hook_path = f"/drained?then_port={port}&then_path=%2Fx"
+    failed_hook = adm[b.name]("GET", hook_path, 502, headers={"Leasehold-Drain-Hook": hook})
+    assert _error(failed_hook) == "prestop_hook_failed", failed_hook.text
     adm[b.name]("GET", "/readyz", 503)
     for method, path in [
         ("POST", "/v1/sessions/main/turns"),

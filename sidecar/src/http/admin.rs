@@ -1,18 +1,22 @@
 //! Admin port (CONTRACT §6): health, readiness and metrics for anyone; the leases held
 //! and the drain only for a caller with proof of the cluster secret (the peer proof,
-//! made for this node); and a read-only wait for the drain, for preStop hooks.
+//! made for this node); and `/drained` for preStop hooks: a read-only wait for the drain,
+//! or, with the drain-hook token, the drain and the user's own hook that token covers.
 
 use std::{sync::Arc, time::Duration};
 
 use axum::{
     extract::{Query, Request, State},
-    http::{HeaderMap, StatusCode},
+    http::{HeaderMap, HeaderValue, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
 };
-use leasehold_core::proof::PeerAuth;
+use leasehold_core::{
+    headers,
+    proof::{DrainThen, PeerAuth},
+};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -50,6 +54,16 @@ pub fn router(app: Admin) -> Router {
         .merge(authenticated)
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed)
+        .with_state(app)
+}
+
+/// What the admin listener serves on its probe reserve (connections past its cap): the
+/// kubelet's probes, and `503 overloaded` for anything else.
+pub fn probe_router(app: Admin) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { reply::refusal(&crate::turn::directive::Refusal::Overloaded) })
         .with_state(app)
 }
 
@@ -100,23 +114,43 @@ async fn leases(State(app): State<Admin>) -> Response {
 
 /// For an agent container's preStop hook (a kubelet `httpGet`, which cannot carry a
 /// proof): answer when the drain is done. With the cluster's drain-hook token
-/// ([`leasehold_core::proof::DRAIN_HOOK_HEADER`]) it starts the drain itself (a native
-/// sidecar's own preStop runs only after the agent has stopped); without it, it waits
-/// for the drain the operator starts. Then it runs the user's own preStop hook that the
-/// operator moved here (`then_port` + `then_path`: a GET on the agent's port;
-/// `then_sleep`: seconds), so that hook still runs, after the drain.
+/// ([`leasehold_core::proof::DRAIN_HOOK_HEADER`]) made for this hook's `then_*` values, it
+/// starts the drain itself (a native sidecar's own preStop runs only after the agent has
+/// stopped) and then runs the user's own preStop hook that the operator moved here
+/// (`then_port` + `then_path`: a GET on the pod's loopback; `then_sleep`: seconds), so
+/// that hook still runs, after the drain. Without a token and without `then_*`, it only
+/// waits for the drain someone else starts (read-only). Anything else (another token, or
+/// `then_*` without a token) is `401` at once: nothing starts, nothing is sent, no wait.
 async fn drained(State(app): State<Admin>, headers: HeaderMap, Query(then): Query<Then>) -> Response {
-    let token = headers.get(leasehold_core::proof::DRAIN_HOOK_HEADER).and_then(|v| v.to_str().ok());
-    let done = match token {
-        Some(token) if app.auth.accepts_drain_hook(token) => Some(app.drain.run().await),
-        _ => app.drain.wait_done(DRAIN_START_WAIT).await,
+    let hook = then.hook();
+    let token = headers.get(leasehold_core::proof::DRAIN_HOOK_HEADER).map(|v| v.to_str().unwrap_or(""));
+    let refused = match token {
+        Some(token) if app.auth.accepts_drain_hook(token, &hook) => None,
+        Some(_) => Some("the drain-hook token is not this cluster's for these then_* parameters"),
+        None if hook.is_empty() => {
+            return match app.drain.wait_done(DRAIN_START_WAIT).await {
+                Some(Ok(report)) => Json(report).into_response(),
+                Some(Err(e)) => {
+                    reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string())
+                }
+                None => reply::error(StatusCode::SERVICE_UNAVAILABLE, "not_drained", None),
+            };
+        }
+        None => Some("then_* parameters need the drain-hook token"),
     };
+    if let Some(why) = refused {
+        tracing::warn!(query = %hook.query(), "rejected admin request to /drained: {why}");
+        app.metrics.peer_auth_failure();
+        let mut rejected = reply::error(StatusCode::UNAUTHORIZED, "unauthorized", why.to_owned());
+        rejected.headers_mut().insert(headers::REFUSAL, HeaderValue::from_static("unauthorized"));
+        return rejected;
+    }
+    let done = app.drain.run().await;
     let user_hook = then.run().await;
     match (done, user_hook) {
-        (Some(Ok(report)), Ok(())) => Json(report).into_response(),
-        (Some(Ok(_)), Err(e)) => reply::error(StatusCode::BAD_GATEWAY, "prestop_hook_failed", e),
-        (Some(Err(e)), _) => reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string()),
-        (None, _) => reply::error(StatusCode::SERVICE_UNAVAILABLE, "not_drained", None),
+        (Ok(report), Ok(())) => Json(report).into_response(),
+        (Ok(_), Err(e)) => reply::error(StatusCode::BAD_GATEWAY, "prestop_hook_failed", e),
+        (Err(e), _) => reply::error(StatusCode::INTERNAL_SERVER_ERROR, "drain_failed", e.to_string()),
     }
 }
 
@@ -138,6 +172,11 @@ const USER_HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 const USER_SLEEP_MAX: Duration = Duration::from_secs(3600);
 
 impl Then {
+    /// The values the drain-hook token must cover.
+    fn hook(&self) -> DrainThen {
+        DrainThen { port: self.then_port, path: self.then_path.clone(), sleep: self.then_sleep }
+    }
+
     async fn run(&self) -> Result<(), String> {
         if let Some(port) = self.then_port {
             let path = self.then_path.as_deref().unwrap_or("/");

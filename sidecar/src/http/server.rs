@@ -53,7 +53,28 @@ pub async fn serve(
     max_connections: usize,
 ) {
     let timeouts = HeadTimeouts { header_read: HEADER_READ_TIMEOUT, idle: IDLE_TIMEOUT };
-    serve_with(listener, router, shutdown, timeouts, max_connections).await;
+    serve_with(listener, router, shutdown, timeouts, max_connections, None).await;
+}
+
+/// Connections the admin listener admits past its cap, for `probes` only: a flood of idle
+/// connections that fills the cap must not lock the kubelet's probes out (a failed
+/// liveness probe restarts the pod).
+pub const PROBE_RESERVE: usize = 32;
+/// A connection on the probe reserve sends its one request within this, or is closed: it
+/// frees its place quickly (a probe sends at once).
+pub const PROBE_HEADER_READ_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// [`serve`], and past the cap up to [`PROBE_RESERVE`] more connections, each served one
+/// request by `probes` (health and readiness) and then closed.
+pub async fn serve_with_probe_reserve(
+    listener: TcpListener,
+    router: Router,
+    probes: Router,
+    shutdown: CancellationToken,
+    max_connections: usize,
+) {
+    let timeouts = HeadTimeouts { header_read: HEADER_READ_TIMEOUT, idle: IDLE_TIMEOUT };
+    serve_with(listener, router, shutdown, timeouts, max_connections, Some(probes)).await;
 }
 
 /// The answer to a connection over the cap: `503` with the `overloaded` directive.
@@ -106,8 +127,12 @@ pub async fn serve_with(
     shutdown: CancellationToken,
     timeouts: HeadTimeouts,
     max_connections: usize,
+    probes: Option<Router>,
 ) {
     let open = Arc::new(Semaphore::new(max_connections));
+    let reserve = Arc::new(Semaphore::new(PROBE_RESERVE));
+    let probe_timeouts =
+        HeadTimeouts { header_read: PROBE_HEADER_READ_TIMEOUT, idle: PROBE_HEADER_READ_TIMEOUT };
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
     let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(BODY_READ_TIMEOUT));
     // HTTP/1 only: hyper-util's auto builder first waits, without a bound, for bytes to
@@ -130,14 +155,23 @@ pub async fn serve_with(
                 }
             },
         };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
+        let admitted = match (open.clone().try_acquire_owned(), &probes) {
+            (Ok(permit), _) => Some((permit, &router, timeouts, true)),
+            (Err(_), Some(probes)) => {
+                reserve.clone().try_acquire_owned().ok().map(|permit| (permit, probes, probe_timeouts, false))
+            }
+            (Err(_), None) => None,
+        };
+        let Some((permit, router, timeouts, keep_alive)) = admitted else {
             refuse(stream, &refusals);
             continue;
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let (stream, timer) = head_timer::watch(stream, timeouts);
-        let conn = builder.clone().timer(timer).serve_connection(TokioIo::new(stream), service);
+        let mut builder = builder.clone();
+        builder.keep_alive(keep_alive);
+        let conn = builder.timer(timer).serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

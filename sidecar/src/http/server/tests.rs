@@ -37,7 +37,7 @@ async fn server_capped(header_read: Duration, idle: Duration, max_connections: u
     let shutdown = CancellationToken::new();
     let router = Router::new().route("/ok", get(|| async { "ok" }));
     let timeouts = HeadTimeouts { header_read, idle };
-    tokio::spawn(serve_with(listener, router, shutdown.clone(), timeouts, max_connections));
+    tokio::spawn(serve_with(listener, router, shutdown.clone(), timeouts, max_connections, None));
     Server { addr, shutdown }
 }
 
