@@ -26,10 +26,9 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use localcluster::{
     cluster::{PEER_PORT, PUBLIC_PORT},
-    loadgen::{cpu_of_tree, load, ms},
+    loadgen::{cpu_of_tree, load, ms, transactions},
     Cluster, ClusterOptions, Node, Proc,
 };
-use sqlx::{Connection, PgConnection};
 
 const CONCURRENCY: [usize; 2] = [1, 16];
 const ROUND: Duration = Duration::from_secs(3);
@@ -91,16 +90,6 @@ fn start_nginx(upstream: std::net::SocketAddr, dir: &std::path::Path) -> Proc {
 /// The owner's fast-path resolutions so far (a counter of every path that reaches it).
 async fn fast_path(owner: &Node) -> f64 {
     owner.metric("leasehold_resolutions_total", "fast_path").await
-}
-
-async fn transactions(url: &str) -> i64 {
-    let mut conn = PgConnection::connect(url).await.unwrap();
-    sqlx::query_scalar::<_, i64>(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap()
 }
 
 #[tokio::main]

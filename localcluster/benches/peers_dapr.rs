@@ -69,7 +69,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::Ipv4Addr,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -80,7 +80,7 @@ use std::{
 use localcluster::{
     cluster::{next_ip, DEMO_AGENT_PORT},
     dapr::{self, DaprFiles, DaprNode},
-    loadgen::{cpu_of_tree, load_with, ms, Stats},
+    loadgen::{cpu_of_tree, load_with, ms, transactions, Stats},
     trivial_agent::{self, ACTOR_TYPE},
     Cluster, ClusterOptions, Proc,
 };
@@ -268,12 +268,15 @@ fn record_name(ip: Ipv4Addr, pid: u32) -> String {
 struct Everything {
     cluster: Cluster,
     placement: Proc,
+    placement_ip: Ipv4Addr,
     hosts: Vec<DaprNode>,
     client: DaprNode,
-    lh_records: tempfile::TempDir,
-    dapr_records: tempfile::TempDir,
+    lh_records: PathBuf,
+    dapr_records: PathBuf,
     /// Per app record file, when the bench stopped that app.
     stopped_at: HashMap<String, u128>,
+    /// leasehold's database and Dapr's.
+    databases: [String; 2],
 }
 
 impl Everything {
@@ -298,15 +301,17 @@ impl Everything {
 }
 
 async fn start(admin_url: &str, logs: &Path) -> Everything {
-    let lh_records = tempfile::Builder::new().prefix("peers-dapr-lh.").tempdir().unwrap();
-    let dapr_records = tempfile::Builder::new().prefix("peers-dapr-dapr.").tempdir().unwrap();
+    // The apps' call records, beside the logs (kept with them).
+    let (lh_records, dapr_records) = (logs.join("records-leasehold"), logs.join("records-dapr"));
+    std::fs::create_dir_all(&lh_records).unwrap();
+    std::fs::create_dir_all(&dapr_records).unwrap();
     let lh_db = localcluster::postgres::fresh_database(admin_url).await.unwrap();
     let dapr_db = localcluster::postgres::fresh_database(admin_url).await.unwrap();
     let options = ClusterOptions {
         nodes: 3,
         lease_ttl: LEASE_TTL,
         heartbeat: HEARTBEAT,
-        agent_command: Some(trivial_agent::recording_command(lh_records.path())),
+        agent_command: Some(trivial_agent::recording_command(&lh_records)),
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start(&lh_db, options).await.unwrap();
@@ -314,7 +319,7 @@ async fn start(admin_url: &str, logs: &Path) -> Everything {
     let placement_ip = next_ip();
     let mut placement = dapr::start_placement(placement_ip, logs);
     dapr::wait_placement(placement_ip, &mut placement).await.unwrap();
-    let app = trivial_agent::recording_command(dapr_records.path());
+    let app = trivial_agent::recording_command(&dapr_records);
     let mut hosts: Vec<DaprNode> = (0..3)
         .map(|i| {
             let name = format!("dapr-host-{i}");
@@ -326,7 +331,20 @@ async fn start(admin_url: &str, logs: &Path) -> Everything {
     for node in hosts.iter_mut().chain([&mut client]) {
         node.wait_ready().await.unwrap_or_else(|e| panic!("{}: {e:#}", node.name));
     }
-    Everything { cluster, placement, hosts, client, lh_records, dapr_records, stopped_at: HashMap::new() }
+    for host in &mut hosts {
+        host.wait_serving(placement_ip).await.unwrap_or_else(|e| panic!("{}: {e:#}", host.log_tail()));
+    }
+    Everything {
+        cluster,
+        placement,
+        placement_ip,
+        hosts,
+        client,
+        lh_records,
+        dapr_records,
+        stopped_at: HashMap::new(),
+        databases: [lh_db, dapr_db],
+    }
 }
 
 /// (a): the hop, both systems and the direct baseline, rounds interleaved.
@@ -357,7 +375,8 @@ async fn hop(all: &Everything, round: Duration) -> Vec<(usize, [Duration; 3], [f
         ),
     ];
     let mut summary = Vec::new();
-    let mut cpu = [(0usize, Duration::ZERO); 3];
+    // Per path: calls, both sidecars' CPU, the system's Postgres transactions.
+    let mut cpu = [(0usize, Duration::ZERO, 0i64); 3];
     for concurrency in CONCURRENCY {
         println!("### (a) {concurrency} concurrent client(s), {ROUNDS} rounds of {round:?} per path, interleaved\n");
         println!("| round | path | p50 ms | p90 ms | p99 ms | calls/s |");
@@ -366,10 +385,18 @@ async fn hop(all: &Everything, round: Duration) -> Vec<(usize, [Duration; 3], [f
         let mut rate = [0.0; 3];
         for r in 0..ROUNDS {
             for (i, (name, url, pids)) in paths.iter().enumerate() {
+                let db = (i > 0).then(|| &all.databases[i - 1]);
+                let txns_before = match db {
+                    Some(db) => transactions(db).await,
+                    None => 0,
+                };
                 let before: Duration = pids.iter().map(|p| cpu_of_tree(*p)).sum();
                 let s: Stats =
                     load_with(reqwest::Method::POST, url, r#"{"text":"hi"}"#, concurrency, round).await;
                 let after: Duration = pids.iter().map(|p| cpu_of_tree(*p)).sum();
+                if let Some(db) = db {
+                    cpu[i].2 += transactions(db).await - txns_before - 1; // minus our own reading
+                }
                 cpu[i].0 += s.n;
                 cpu[i].1 += after.saturating_sub(before);
                 p90[i] += s.p90 / ROUNDS as u32;
@@ -398,12 +425,16 @@ async fn hop(all: &Everything, round: Duration) -> Vec<(usize, [Duration; 3], [f
         );
         summary.push((concurrency, p90, rate));
     }
-    println!("### (a) CPU of the path's two sidecars per call (utime + stime, all rounds)\n");
-    println!("| path | calls | both sidecars µs/call |");
-    println!("|---|---|---|");
+    println!("### (a) Per call: CPU of the path's two sidecars (utime + stime) and Postgres transactions of the system's database (heartbeats included), all rounds\n");
+    println!("| path | calls | both sidecars µs/call | Postgres transactions/call |");
+    println!("|---|---|---|---|");
     for (i, (name, _, _)) in paths.iter().enumerate().skip(1) {
-        let (n, used) = cpu[i];
-        println!("| {name} | {n} | {:.1} |", used.as_secs_f64() * 1e6 / n as f64);
+        let (n, used, txns) = cpu[i];
+        println!(
+            "| {name} | {n} | {:.1} | {:.3} |",
+            used.as_secs_f64() * 1e6 / n as f64,
+            txns as f64 / n as f64
+        );
     }
     println!();
     summary
@@ -510,7 +541,7 @@ async fn failover(
     let rep = report(&outcomes, killed - STEADY);
     // The host comes back (for the next scenario).
     restart_host(all, leasehold, victim, !restart_at_once).await;
-    let dir = if leasehold { all.lh_records.path() } else { all.dapr_records.path() };
+    let dir = if leasehold { &all.lh_records } else { &all.dapr_records };
     let (duplicates, _, _) = records(dir, prefix, &all.stopped_at);
     (held[victim], times, rep, duplicates)
 }
@@ -534,8 +565,9 @@ async fn restart_host(all: &mut Everything, leasehold: bool, i: usize, spawn: bo
     if leasehold {
         all.cluster.nodes[i].wait_ready().await.unwrap();
     } else {
+        let placement = all.placement_ip;
         let host = &mut all.hosts[i];
-        host.wait_ready().await.unwrap_or_else(|e| panic!("{}: {e:#}", host.log_tail()));
+        host.wait_serving(placement).await.unwrap_or_else(|e| panic!("{}: {e:#}", host.log_tail()));
     }
 }
 
@@ -571,7 +603,7 @@ async fn rolling(all: &mut Everything, leasehold: bool) -> (LoadReport, usize, u
     tokio::time::sleep(STEADY).await;
     let outcomes = load.finish().await;
     let rep = report(&outcomes, started - STEADY);
-    let dir = if leasehold { all.lh_records.path() } else { all.dapr_records.path() };
+    let dir = if leasehold { &all.lh_records } else { &all.dapr_records };
     let (duplicates, overlaps, longest) = records(dir, prefix, &all.stopped_at);
     (rep, duplicates, overlaps, longest, took)
 }

@@ -65,12 +65,19 @@ pub fn start_placement(ip: Ipv4Addr, log_dir: &Path) -> Proc {
         &ip.to_string(),
         "--healthz-port",
         &PLACEMENT_HEALTHZ_PORT.to_string(),
+        "--metadata-enabled",
         "--enable-metrics=false",
         "--log-level",
         "info",
     ]);
     Proc::spawn("placement", cmd, &log_dir.join("placement.log")).expect("spawn placement")
 }
+
+/// Placement table dissemination after a membership change: placement waits 2 s after
+/// the last change, on a 500 ms tick; a little more for a loaded machine.
+const DISSEMINATION_WAIT: Duration = Duration::from_secs(5);
+/// The line daprd logs when it installs a placement table.
+const TABLE_UPDATED: &str = "Placement tables updated";
 
 /// Wait until the placement service answers its health check.
 pub async fn wait_placement(ip: Ipv4Addr, placement: &mut Proc) -> anyhow::Result<()> {
@@ -244,6 +251,41 @@ impl DaprNode {
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let url = format!("{}/v1.0/healthz", self.http_url());
         wait_for(&url, &mut self.daprd).await
+    }
+
+    /// Wait until this actor host serves actors: daprd healthy, a member in placement's
+    /// table (`/placement/state` on `placement`'s health port), and a table that
+    /// includes it installed here. Dapr exposes no signal for the last step (healthz and
+    /// the metadata API's `hostReady` only say "connected"), so it is daprd's own log line
+    /// "Placement tables updated" after the membership was seen, or
+    /// [`DISSEMINATION_WAIT`], whichever comes first.
+    pub async fn wait_serving(&mut self, placement: Ipv4Addr) -> anyhow::Result<()> {
+        self.wait_ready().await?;
+        let state = format!("http://{placement}:{PLACEMENT_HEALTHZ_PORT}/placement/state");
+        let me = format!("{}:{INTERNAL_GRPC_PORT}", self.ip);
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let body = match http.get(&state).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            if body.contains(&format!("\"{me}\"")) {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{me} not in placement's table in {READY_TIMEOUT:?}: {body}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+        let installed = || self.daprd.log_tail(usize::MAX).matches(TABLE_UPDATED).count();
+        let before = installed();
+        let until = Instant::now() + DISSEMINATION_WAIT;
+        while installed() == before && Instant::now() < until {
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
     }
 
     /// The end of daprd's log, for an error message.

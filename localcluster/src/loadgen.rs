@@ -89,3 +89,16 @@ fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
 }
+
+/// Transactions committed in the database at `url` so far (`pg_stat_database`); the
+/// difference over a run, minus one for each reading, is the run's.
+pub async fn transactions(url: &str) -> i64 {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar::<_, i64>(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+}
