@@ -90,6 +90,8 @@ bench: deps ## benchmarks with their baselines (results go into BENCHMARKS.md by
 	[ -d $(BASELINE_WORKTREE) ] || git worktree add --detach $(BASELINE_WORKTREE) bbb3b87
 	cd $(BASELINE_WORKTREE) && CARGO_TARGET_DIR=$(BASELINE_TARGET) cargo build --release --locked -p leasehold-sidecar
 	LEASEHOLD_BENCH_BASELINE_BIN_DIR=$(BASELINE_TARGET)/release scripts/with-postgres.sh cargo bench -p leasehold-localcluster --bench journal
+	# beside the real peers, and the capacity of one durable Postgres (issue 20)
+	$(MAKE) bench-dapr bench-centrifugo bench-postgres
 
 # The capacity envelope of one Postgres (issue 20): the store's statements on a durable
 # server (fsync, synchronous_commit, full_page_writes on), ~5 min. Sharing the machine's
@@ -105,3 +107,12 @@ bench-centrifugo: deps ## fan-out: leasehold vs Centrifugo v6.9.1 over SSE, same
 	cargo build --release --locked -p leasehold-sidecar --bins && \
 	LEASEHOLD_BENCH_CENTRIFUGO=$$LEASEHOLD_BENCH_CENTRIFUGO LEASEHOLD_BIN_DIR=$${CARGO_TARGET_DIR:-$$PWD/target}/release \
 	  scripts/with-postgres.sh cargo bench --locked -p leasehold-localcluster --bench peers_centrifugo
+
+# Leasehold side by side with Dapr actors v1.14.0 (issue 20, part 1): hop latency, failover
+# after kill -9, rolling restart; one run, loopback only. Dapr is built once from the Go
+# module proxy (bench/peers/dapr pins it). Results go into BENCHMARKS.md by hand.
+.PHONY: bench-dapr
+bench-dapr: deps ## leasehold vs Dapr actors v1.14.0: hop, failover, rolling restart
+	scripts/ensure-dapr.sh >/dev/null
+	cargo build --release --locked -p leasehold-sidecar --bins
+	scripts/with-postgres.sh cargo bench --locked -p leasehold-localcluster --bench peers_dapr

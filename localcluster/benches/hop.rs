@@ -22,16 +22,13 @@
 //!   on N runtime threads (`LEASEHOLD_WORKER_THREADS`); to put every sidecar on N, set
 //!   `LEASEHOLD_WORKER_THREADS=N` itself (the sidecars inherit it).
 
-use std::{
-    net::Ipv4Addr,
-    time::{Duration, Instant},
-};
+use std::{net::Ipv4Addr, time::Duration};
 
 use localcluster::{
     cluster::{PEER_PORT, PUBLIC_PORT},
+    loadgen::{cpu_of_tree, load, ms, transactions},
     Cluster, ClusterOptions, Node, Proc,
 };
-use sqlx::{Connection, PgConnection};
 
 const CONCURRENCY: [usize; 2] = [1, 16];
 const ROUND: Duration = Duration::from_secs(3);
@@ -40,14 +37,6 @@ const NGINX_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 31);
 /// Where the bare hyper proxy baseline (e) listens.
 const BARE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 32);
 const SESSION: &str = "bench-session";
-
-struct Stats {
-    p50: Duration,
-    p90: Duration,
-    p99: Duration,
-    per_sec: f64,
-    n: usize,
-}
 
 /// `LEASEHOLD_BENCH_*` settings: run one path, one client count, longer rounds; proofs
 /// off; the forwarder's runtime threads.
@@ -82,64 +71,6 @@ impl Only {
     }
 }
 
-async fn load(url: &str, concurrency: usize, round: Duration) -> Stats {
-    let http =
-        reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(concurrency).build().unwrap();
-    let deadline = Instant::now() + round;
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (http, url) = (http.clone(), url.to_owned());
-            tokio::spawn(async move {
-                let mut samples = Vec::new();
-                while Instant::now() < deadline {
-                    let t0 = Instant::now();
-                    let response = http.post(&url).body(r#"{"text":"hi"}"#).send().await.unwrap();
-                    assert!(response.status().is_success(), "{url}: {}", response.status());
-                    response.bytes().await.unwrap();
-                    samples.push(t0.elapsed());
-                }
-                samples
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.unwrap());
-    }
-    let wall = started.elapsed();
-    all.sort();
-    let at = |q: f64| all[((all.len() as f64 * q) as usize).min(all.len() - 1)];
-    Stats {
-        p50: at(0.5),
-        p90: at(0.9),
-        p99: at(0.99),
-        per_sec: all.len() as f64 / wall.as_secs_f64(),
-        n: all.len(),
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
-/// CPU time (utime + stime) of `pid` and its direct children (nginx's workers).
-fn cpu_of_tree(pid: u32) -> Duration {
-    let own = localcluster::process::cpu_time(pid).unwrap_or_default();
-    let children = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| parent_of(*child) == Some(pid));
-    own + children.filter_map(localcluster::process::cpu_time).sum::<Duration>()
-}
-
-/// The parent PID of `pid`, from `/proc/<pid>/stat` (field 4, after the command name).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
-}
-
 fn start_nginx(upstream: std::net::SocketAddr, dir: &std::path::Path) -> Proc {
     let conf = format!(
         "worker_processes auto;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nevents {{ worker_connections 1024; }}\n\
@@ -159,16 +90,6 @@ fn start_nginx(upstream: std::net::SocketAddr, dir: &std::path::Path) -> Proc {
 /// The owner's fast-path resolutions so far (a counter of every path that reaches it).
 async fn fast_path(owner: &Node) -> f64 {
     owner.metric("leasehold_resolutions_total", "fast_path").await
-}
-
-async fn transactions(url: &str) -> i64 {
-    let mut conn = PgConnection::connect(url).await.unwrap();
-    sqlx::query_scalar::<_, i64>(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap()
 }
 
 #[tokio::main]
