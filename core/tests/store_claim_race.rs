@@ -22,7 +22,7 @@ async fn a_claim_never_takes_over_from_a_boot_that_registered_during_it() {
 
     // B registers and claims S in one open transaction.
     let mut b_tx = store.pool().begin().await.unwrap();
-    nodes::register(&mut *b_tx, &b, "127.0.0.1:7001", LONG_TTL).await.unwrap();
+    nodes::register(&mut *b_tx, &b, "127.0.0.1:7001", LONG_TTL, false).await.unwrap();
     let b_claim = claim_once(&mut *b_tx, &s, &b).await.unwrap();
     assert!(matches!(b_claim, Some(Claim::Claimed { .. })), "{b_claim:?}");
 
@@ -108,7 +108,9 @@ async fn stress_worker(store: LeaseStore, i: usize) -> Vec<(String, i64, Owner)>
             // A new boot registers and claims in one transaction: the pattern of the race.
             owner = Owner::new_boot(&node);
             let mut tx = store.pool().begin().await.unwrap();
-            nodes::register(&mut *tx, &owner, "127.0.0.1:7000", Duration::from_millis(ttl_ms)).await.unwrap();
+            nodes::register(&mut *tx, &owner, "127.0.0.1:7000", Duration::from_millis(ttl_ms), false)
+                .await
+                .unwrap();
             let claim = claim_once(&mut *tx, &s, &owner).await;
             tx.commit().await.unwrap();
             match claim {

@@ -49,8 +49,13 @@ async fn renew_all_keeps_100k_leases_live_with_one_single_row_statement() {
     // The renewal the heartbeat sends is one statement updating one row, by index, and
     // reading no session row, whatever the number of sessions.
     let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", leasehold_core::store::nodes::RENEW_SQL);
-    let plan: (serde_json::Value,) =
-        sqlx::query_as(&explain).bind(a.as_str()).bind(2000_i64).fetch_one(store.pool()).await.unwrap();
+    let plan: (serde_json::Value,) = sqlx::query_as(&explain)
+        .bind(a.as_str())
+        .bind(2000_i64)
+        .bind(false)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     let text = plan.0.to_string();
     assert!(!text.contains("agent_leases"), "renewal must not touch session rows: {text}");
     let update = &plan.0[0]["Plan"];
@@ -156,6 +161,7 @@ async fn a_renewal_never_resurrects_a_lease_revoked_after_it_began() {
     let renewed = sqlx::query(leasehold_core::store::nodes::RENEW_SQL)
         .bind(a.as_str())
         .bind(60_000_i64)
+        .bind(false)
         .fetch_optional(&mut *renewal)
         .await
         .unwrap();

@@ -89,14 +89,24 @@ fn one_directive_delay(ttl: Duration) -> Duration {
     Duration::from_millis(Refusal::OwnerUnreachable { ttl }.retry().delay_ms)
 }
 
-/// After kill -9 of an owner its sessions are claimable once its node's TTL has passed
-/// (no renewal comes), and a client following the directives is served within the TTL,
-/// one directive delay and [`SLACK`].
+/// Sidecar environment turning connection liveness off on every node: the TTL alone
+/// judges a boot (what a frozen or partitioned owner always gets).
+fn ttl_only() -> Vec<Vec<(String, String)>> {
+    vec![vec![("LEASEHOLD_CONNECTION_LIVENESS".to_owned(), "false".to_owned())]; 3]
+}
+
+/// Without connection liveness, after kill -9 of an owner its sessions are claimable once
+/// its node's TTL has passed (no renewal comes), and a client following the directives is
+/// served within the TTL, one directive delay and [`SLACK`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
     let _serial = support::serial().await;
     let db = support::database().await;
-    let options = ClusterOptions { lease_ttl: Duration::from_secs(3), ..ClusterOptions::default() };
+    let options = ClusterOptions {
+        lease_ttl: Duration::from_secs(3),
+        sidecar_env: ttl_only(),
+        ..ClusterOptions::default()
+    };
     let ttl = options.lease_ttl;
     let mut cluster = Cluster::start(&db, options).await.unwrap();
     let client = cluster.client();
@@ -150,6 +160,106 @@ async fn kill9_of_an_owner_moves_its_sessions_after_at_most_one_ttl() {
         assert!(took <= bound, "{key}: served after {took:?}, bound {bound:?} ({:?})", answer.directives);
         assert_eq!(support::history(&db, &key).await, ["before", "after"], "{key}: history intact");
     }
+}
+
+/// Ten seconds of lease renewed every second, for the connection-liveness tests: long
+/// enough that anything served well within it did not wait for the TTL.
+fn liveness_options() -> ClusterOptions {
+    ClusterOptions {
+        lease_ttl: Duration::from_secs(10),
+        heartbeat: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+/// Claim `keys` on node-a with one turn each.
+async fn owned_by_node_a(cluster: &Cluster, keys: &[&str]) {
+    for key in keys {
+        turn_on_node_a(cluster, key, "before").await;
+    }
+}
+
+/// With connection liveness (the default), kill -9 of an owner closes its connections
+/// and Postgres releases its liveness lock: the first turn sent for one of its sessions is
+/// served by another pod with no directive at all (the forwarder finds the owner's port
+/// refusing, asks Postgres, expires the dead boot and claims), not after the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_of_an_owner_moves_its_sessions_at_once_when_postgres_sees_its_connection_close() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = liveness_options();
+    let ttl = options.lease_ttl;
+    support::postgres_up_for(&db, ttl).await;
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    let keys = ["gone-0", "gone-1", "gone-2"];
+    owned_by_node_a(&cluster, &keys).await;
+
+    cluster.nodes[0].kill9();
+    let killed = Instant::now();
+    let client = Client::new(vec![cluster.nodes[1].public_url()]);
+    for key in keys {
+        let answer = client.turn(key, &turn("after")).await.unwrap();
+        assert_eq!(answer.status, 200, "{key}: {:?}", answer.json());
+        assert!(answer.directives.is_empty(), "{key}: served at once, got {:?}", answer.directives);
+        assert_ne!(answer.owner.as_deref(), Some("node-a"));
+        assert_eq!(answer.epoch, Some(2), "{key}: taken over with epoch + 1");
+        assert_eq!(support::history(&db, key).await, ["before", "after"], "{key}: history intact");
+    }
+    assert!(killed.elapsed() < ttl / 2, "served {:?} after the kill; TTL {ttl:?}", killed.elapsed());
+}
+
+/// Nobody sends a turn: the survivors' heartbeats find the dead boot's lock gone and expire
+/// its node lease within a few beats, so a session nobody calls is claimable long before
+/// the TTL (an observer waiting on it follows it to its next owner at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_owners_idle_sessions_become_claimable_by_the_peers_heartbeats() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = liveness_options();
+    let (ttl, beat) = (options.lease_ttl, options.heartbeat);
+    support::postgres_up_for(&db, ttl).await;
+    let mut cluster = Cluster::start(&db, options).await.unwrap();
+    owned_by_node_a(&cluster, &["idle-0"]).await;
+
+    cluster.nodes[0].kill9();
+    let killed = Instant::now();
+    let survivor = Client::new(vec![cluster.nodes[1].public_url()]);
+    while survivor.session("idle-0", 0).await.unwrap()["claimable"] != true {
+        assert!(
+            killed.elapsed() < ttl / 2,
+            "not claimable {:?} after the kill; TTL {ttl:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(killed.elapsed() <= beat * 2 + SLACK, "claimable {:?} after the kill", killed.elapsed());
+}
+
+/// A frozen owner (SIGSTOP) keeps its connection open, so it keeps its liveness lock:
+/// the peers' heartbeats do not expire it, and when it wakes within its TTL it still owns
+/// its session at the same epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_owner_keeps_its_sessions_while_its_connection_stays_open() {
+    let _serial = support::serial().await;
+    let db = support::database().await;
+    let options = liveness_options();
+    let (ttl, beat) = (options.lease_ttl, options.heartbeat);
+    support::postgres_up_for(&db, ttl).await;
+    let cluster = Cluster::start(&db, options).await.unwrap();
+    owned_by_node_a(&cluster, &["frozen-0"]).await;
+
+    cluster.nodes[0].pause();
+    tokio::time::sleep(beat * 4).await; // four beats of every survivor
+    let survivor = Client::new(vec![cluster.nodes[1].public_url()]);
+    let view = survivor.session("frozen-0", 0).await.unwrap();
+    cluster.nodes[0].resume();
+    assert_eq!(view["claimable"], false, "a frozen owner is not dead: {view}");
+    let answer = cluster
+        .client()
+        .post("/v1/sessions/frozen-0/turns", turn("after").to_string().into(), Some(0))
+        .await
+        .unwrap();
+    assert_eq!((answer.status, answer.owner.as_deref(), answer.epoch), (200, Some("node-a"), Some(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

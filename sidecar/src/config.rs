@@ -116,6 +116,13 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_HEARTBEAT_INTERVAL", default_value = "5s", value_parser = duration)]
     pub heartbeat_interval: Duration,
 
+    /// Judge liveness by connection too: hold an advisory lock on the heartbeat's own
+    /// Postgres connection, and expire at once the node lease of a peer whose lock is
+    /// gone (its process died), instead of waiting for its TTL. Frozen or partitioned
+    /// peers keep their connection and still wait for the TTL.
+    #[arg(long, env = "LEASEHOLD_CONNECTION_LIVENESS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub connection_liveness: bool,
+
     /// How long a drain waits for in-flight turns.
     #[arg(long, env = "LEASEHOLD_DRAIN_TIMEOUT", default_value = "25s", value_parser = duration)]
     pub drain_timeout: Duration,

@@ -6,8 +6,12 @@
 //! node lease was lost, registers a new boot so the process can serve again. The task's
 //! `JoinHandle` is returned so the process notices if it ever stops.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
+use sqlx::PgConnection;
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -16,7 +20,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use leasehold_core::{
-    store::{self, LeaseStore},
+    store::{self, liveness, LeaseStore},
     Owner,
 };
 
@@ -79,6 +83,29 @@ pub struct Heartbeat {
     pub peer_addr: String,
     pub ttl: Duration,
     pub interval: Duration,
+    /// Hold the boot's liveness lock on the heartbeat's own connection and expire dead
+    /// peers' node rows each beat (`--connection-liveness`, [`liveness`]).
+    pub liveness: bool,
+}
+
+/// The heartbeat's own connection when it holds a liveness lock: outside every pool, so
+/// nothing but a broken connection (or the process's death) lets go of the lock.
+#[derive(Debug, Default)]
+struct Link {
+    conn: Option<PgConnection>,
+    /// The boot whose lock `conn` holds.
+    locked: Option<Owner>,
+}
+
+impl Link {
+    /// Forget a connection that failed below the SQL level: the server may have closed
+    /// it (and released the lock); the next beat connects and takes the lock again.
+    fn check(&mut self, e: &store::Error) {
+        if matches!(e, store::Error::Database { source, .. } if !matches!(source, sqlx::Error::Database(_))) {
+            self.conn = None;
+            self.locked = None;
+        }
+    }
 }
 
 /// What the process holds of a running heartbeat.
@@ -90,6 +117,10 @@ pub struct HeartbeatHandle {
     /// Ends with `Err` only on an unrecoverable failure; the process must exit then.
     pub task: JoinHandle<Result<()>>,
     stopper: Stopper,
+    /// The liveness connection of a stopped heartbeat, kept open (and the lock held)
+    /// until the process exits: a drain stops the heartbeat and then hands back, and no
+    /// peer may read the gap between the two as a death.
+    _parked: Arc<Mutex<Option<PgConnection>>>,
 }
 
 impl HeartbeatHandle {
@@ -135,25 +166,38 @@ impl Heartbeat {
     /// without a node lease.
     pub async fn start(self) -> Result<HeartbeatHandle> {
         let owner = Owner::new_boot(&self.node_id);
+        let mut link = Link::default();
         let sent = Instant::now();
-        let revoked = self.store.register_boot(&owner, &self.peer_addr, self.ttl).await?;
-        tracing::info!(%owner, revoked_earlier_boots = revoked, "registered node lease");
+        let revoked = match self.liveness {
+            true => {
+                let registered = self.register_linked(&mut link, &owner).await;
+                if let Err(e) = &registered {
+                    link.check(e);
+                }
+                registered?
+            }
+            false => self.store.register_boot(&owner, &self.peer_addr, self.ttl).await?,
+        };
+        tracing::info!(%owner, revoked_earlier_boots = revoked, liveness_lock = link.locked.is_some(), "registered node lease");
         let live_until = Some(certainly_live_until(sent, self.ttl));
         let (state_tx, state) =
             watch::channel(NodeState { owner, live_until, store_reachable: true, renewed: Some(sent) });
         let (lost_tx, lost) = mpsc::channel(LOST_CHANNEL_CAPACITY);
         let cancel = CancellationToken::new();
         let (finished_tx, finished) = watch::channel(false);
-        let run = self.run(state_tx, lost_tx, cancel.clone());
+        let parked = Arc::new(Mutex::new(None));
+        let run = self.run(link, parked.clone(), state_tx, lost_tx, cancel.clone());
         let task = tokio::spawn(async move {
             let _finished = FinishedOnDrop(finished_tx);
             run.await
         });
-        Ok(HeartbeatHandle { state, lost, task, stopper: Stopper { cancel, finished } })
+        Ok(HeartbeatHandle { state, lost, task, stopper: Stopper { cancel, finished }, _parked: parked })
     }
 
     async fn run(
         self,
+        mut link: Link,
+        parked: Arc<Mutex<Option<PgConnection>>>,
         state: watch::Sender<NodeState>,
         lost: mpsc::Sender<Owner>,
         cancel: CancellationToken,
@@ -163,13 +207,18 @@ impl Heartbeat {
         let mut registered = true;
         loop {
             tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
+                _ = cancel.cancelled() => {
+                    *parked.lock().unwrap_or_else(|e| e.into_inner()) = link.conn.take();
+                    return Ok(());
+                }
                 _ = timer.tick() => {}
             }
             let owner = state.borrow().owner.clone();
             let sent = Instant::now();
             // A beat that cannot finish within one interval has failed; the next starts fresh.
-            match tokio::time::timeout(self.interval, self.beat(&owner, registered)).await {
+            // A beat left unfinished by the timeout leaves its connection to finish reading
+            // the answer at the next use (sqlx), so the lock on it is kept.
+            match tokio::time::timeout(self.interval, self.beat(&mut link, &owner, registered)).await {
                 Ok(Ok(Some(live))) => {
                     if live != owner {
                         tracing::info!(owner = %live, "registered new boot after losing the node lease");
@@ -177,8 +226,16 @@ impl Heartbeat {
                     registered = true;
                     let live_until = Some(certainly_live_until(sent, self.ttl));
                     state.send_modify(|s| {
-                        *s = NodeState { owner: live, live_until, store_reachable: true, renewed: Some(sent) }
+                        *s = NodeState {
+                            owner: live.clone(),
+                            live_until,
+                            store_reachable: true,
+                            renewed: Some(sent),
+                        }
                     });
+                    if link.locked.as_ref() == Some(&live) {
+                        let _ = tokio::time::timeout(self.interval, self.reap(&mut link, &live)).await;
+                    }
                 }
                 Ok(Ok(None)) => {
                     tracing::warn!(%owner, "node lease expired or was revoked: every session of this boot is lost");
@@ -206,13 +263,93 @@ impl Heartbeat {
 
     /// One beat: renew the current boot, or register a fresh boot after a loss.
     /// `Some(owner)`: `owner` is live now. `None`: the current boot's node lease is gone.
-    async fn beat(&self, owner: &Owner, registered: bool) -> Result<Option<Owner>, store::Error> {
-        if registered {
-            return Ok(self.store.renew_all(owner, self.ttl).await?.map(|lease| lease.owner));
+    async fn beat(
+        &self,
+        link: &mut Link,
+        owner: &Owner,
+        registered: bool,
+    ) -> Result<Option<Owner>, store::Error> {
+        if !self.liveness {
+            if registered {
+                return Ok(self.store.renew_all(owner, self.ttl).await?.map(|lease| lease.owner));
+            }
+            let fresh = Owner::new_boot(&self.node_id);
+            self.store.register_boot(&fresh, &self.peer_addr, self.ttl).await?;
+            return Ok(Some(fresh));
         }
-        let fresh = Owner::new_boot(&self.node_id);
-        self.store.register_boot(&fresh, &self.peer_addr, self.ttl).await?;
-        Ok(Some(fresh))
+        if self.store.pool().is_closed() {
+            // The process closed its store (shutting down): renewing on the side would
+            // outlive it.
+            return Err(store::Error::Database {
+                context: "renew node lease",
+                source: sqlx::Error::PoolClosed,
+            });
+        }
+        let beat = async {
+            if registered {
+                let holds = self.lock(link, owner).await?;
+                let conn = link.conn.as_mut().expect("connected by lock");
+                return Ok(self.store.renew_on(conn, owner, self.ttl, holds).await?.map(|lease| lease.owner));
+            }
+            let fresh = Owner::new_boot(&self.node_id);
+            self.register_linked(link, &fresh).await?;
+            Ok(Some(fresh))
+        };
+        let result = beat.await;
+        if let Err(e) = &result {
+            link.check(e);
+        }
+        result
+    }
+
+    /// Register `owner` on the heartbeat's connection, its liveness lock taken first (a
+    /// row that says it holds a lock never exists without it).
+    async fn register_linked(&self, link: &mut Link, owner: &Owner) -> Result<u64, store::Error> {
+        let holds = self.lock(link, owner).await?;
+        let conn = link.conn.as_mut().expect("connected by lock");
+        self.store.register_boot_on(conn, owner, &self.peer_addr, self.ttl, holds).await
+    }
+
+    /// Connect if need be and hold `owner`'s liveness lock on the connection (letting go
+    /// of an earlier boot's). `false`: another connection holds it (our own broken one,
+    /// whose backend has not noticed yet); the boot says so and the next beat tries again.
+    async fn lock(&self, link: &mut Link, owner: &Owner) -> Result<bool, store::Error> {
+        let conn = match &mut link.conn {
+            Some(conn) => conn,
+            None => {
+                link.locked = None;
+                link.conn.insert(self.store.liveness_connection().await?)
+            }
+        };
+        if link.locked.as_ref() == Some(owner) {
+            return Ok(true);
+        }
+        if let Some(earlier) = link.locked.take() {
+            liveness::unlock(conn, &earlier).await?;
+        }
+        if liveness::try_lock(conn, owner).await? {
+            link.locked = Some(owner.clone());
+            return Ok(true);
+        }
+        tracing::warn!(%owner, "liveness lock held by another connection; the TTL alone judges this boot until the next beat takes it");
+        Ok(false)
+    }
+
+    /// Expire the node rows of peers whose liveness lock is gone (they died): their
+    /// sessions are claimable now rather than after their TTL.
+    async fn reap(&self, link: &mut Link, me: &Owner) {
+        let Some(conn) = link.conn.as_mut() else { return };
+        match liveness::reap(conn, me, None, self.ttl).await {
+            Ok(dead) => {
+                for owner in dead {
+                    tracing::info!(%owner, "a peer's connection to the lease store closed: expired its node lease");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look for dead peers; next beat");
+                link.check(&e);
+            }
+        }
     }
 }
 

@@ -175,6 +175,7 @@ async fn start_heartbeat(config: &Config, store: &LeaseStore) -> HeartbeatHandle
                 peer_addr: config.advertise_peer_addr.clone(),
                 ttl: config.args.lease_ttl,
                 interval: config.args.heartbeat_interval,
+                liveness: config.args.connection_liveness,
             };
             heartbeat.start().await.context("registering the node lease")
         };
@@ -272,6 +273,7 @@ fn assemble(
         inflight,
         metrics: metrics.clone(),
         ttl: args.lease_ttl,
+        connection_liveness: args.connection_liveness,
         draining: drain.subscribe(),
         drain_timeout: args.drain_timeout,
     });

@@ -21,6 +21,7 @@ fn heartbeat(store: &LeaseStore, node: &str, ttl_ms: u64, interval_ms: u64) -> H
         peer_addr: "127.0.0.1:9".into(),
         ttl: Duration::from_millis(ttl_ms),
         interval: Duration::from_millis(interval_ms),
+        liveness: true,
     }
 }
 
@@ -138,4 +139,55 @@ async fn the_first_registration_failing_fails_start() {
         .unwrap();
     let store = LeaseStore::from_pool(pool);
     assert!(heartbeat(&store, "node-a", 1000, 100).start().await.is_err());
+}
+
+/// The backends holding a liveness lock for `owner`.
+async fn lock_holders(store: &LeaseStore, owner: &leasehold_core::Owner) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
+         AND classid = $1::int4::oid AND objid = hashtext($2)::oid",
+    )
+    .bind(leasehold_core::store::liveness::LOCK_CLASS)
+    .bind(owner.as_str())
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_heartbeat_whose_connection_was_killed_takes_its_lock_again() {
+    let store = store().await;
+    let hb = heartbeat(&store, "node-a", 60_000, 100).start().await.unwrap();
+    let owner = hb.state.borrow().owner.clone();
+    let holders = lock_holders(&store, &owner).await;
+    assert_eq!(holders.len(), 1, "the heartbeat's connection holds the boot's lock");
+    let row: (bool,) = sqlx::query_as("SELECT liveness_lock FROM agent_nodes WHERE owner = $1")
+        .bind(owner.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(row.0, "the node row says so");
+
+    sqlx::query("SELECT pg_terminate_backend($1)").bind(holders[0]).execute(store.pool()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let owner = hb.state.borrow().owner.clone();
+        let now = lock_holders(&store, &owner).await;
+        if now.len() == 1 && now[0] != holders[0] && hb.state.borrow().certainly_live(Instant::now()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no lock taken again: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hb.stop().await;
+    // Stopped (a drain): the lock stays held until the process exits, so the gap between
+    // the heartbeat's stop and the hand-back never reads as a death.
+    let owner = hb.state.borrow().owner.clone();
+    assert_eq!(lock_holders(&store, &owner).await.len(), 1);
+    drop(hb);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lock_holders(&store, &owner).await.is_empty() {
+        assert!(Instant::now() < deadline, "the lock went with the process");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -7,6 +7,7 @@
 pub mod checkpoints;
 pub mod journal;
 pub mod leases;
+pub mod liveness;
 pub mod nodes;
 pub mod notify;
 pub mod observe;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlx::{PgExecutor, Row};
+use sqlx::{PgConnection, PgExecutor, Row};
 
 use super::{bounded, db, remaining, ttl_ms, LeaseStore, Owner, Result};
 
@@ -16,8 +16,8 @@ WITH earlier AS (
     WHERE node_id = $2 AND owner <> $1 AND expires_at > now()
     RETURNING owner
 )
-INSERT INTO agent_nodes (owner, node_id, peer_addr, started_at, renewed_at, expires_at)
-VALUES ($1, $2, $3, now(), now(), now() + $4 * interval '1 millisecond')
+INSERT INTO agent_nodes (owner, node_id, peer_addr, started_at, renewed_at, expires_at, liveness_lock)
+VALUES ($1, $2, $3, now(), now(), now() + $4 * interval '1 millisecond', $5)
 RETURNING (SELECT count(*) FROM earlier) AS revoked
 "#;
 
@@ -26,10 +26,13 @@ RETURNING (SELECT count(*) FROM earlier) AS revoked
 /// may already have been taken over). Liveness is judged on the database clock when the
 /// row is reached (`clock_timestamp()`), not when the statement began (`now()`): a renewal
 /// that waited behind a revocation re-checks the revoked row against the time after its
-/// wait, and finds it expired.
+/// wait, and finds it expired. `$3`: whether the renewing connection holds the boot's
+/// liveness lock (a boot whose lock went with a broken connection says so until it has
+/// taken it again).
 pub const RENEW_SQL: &str = r#"
 UPDATE agent_nodes
-SET expires_at = clock_timestamp() + $2 * interval '1 millisecond', renewed_at = clock_timestamp()
+SET expires_at = clock_timestamp() + $2 * interval '1 millisecond', renewed_at = clock_timestamp(),
+    liveness_lock = $3
 WHERE owner = $1 AND expires_at > clock_timestamp()
 RETURNING (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS remaining_ms
 "#;
@@ -65,29 +68,76 @@ pub struct NodeLease {
     pub remaining: Duration,
 }
 
-/// Run the registration statement on any executor (a pool, or a test's transaction).
+/// Run the registration statement on any executor (a pool, a test's transaction, or the
+/// heartbeat's own connection). `liveness`: that connection holds `owner`'s liveness lock
+/// ([`super::liveness`]); a pool cannot, so its callers pass `false`.
 pub async fn register<'e>(
     exec: impl PgExecutor<'e>,
     owner: &Owner,
     peer_addr: &str,
     ttl: Duration,
+    liveness: bool,
 ) -> Result<u64> {
     let row = sqlx::query(REGISTER_SQL)
         .bind(owner.as_str())
         .bind(owner.node_id())
         .bind(peer_addr)
         .bind(ttl_ms(ttl))
+        .bind(liveness)
         .fetch_one(exec)
         .await
         .map_err(db("register boot"))?;
     Ok(row.get::<i64, _>("revoked").unsigned_abs())
 }
 
+/// Run the renewal statement on any executor; `None` when the node lease had expired or
+/// was revoked. `liveness` as for [`register`].
+pub async fn renew<'e>(
+    exec: impl PgExecutor<'e>,
+    owner: &Owner,
+    ttl: Duration,
+    liveness: bool,
+) -> Result<Option<NodeLease>> {
+    let row = sqlx::query(RENEW_SQL)
+        .bind(owner.as_str())
+        .bind(ttl_ms(ttl))
+        .bind(liveness)
+        .fetch_optional(exec)
+        .await
+        .map_err(db("renew node lease"))?;
+    Ok(row.map(|row| NodeLease { owner: owner.clone(), remaining: remaining(row.get("remaining_ms")) }))
+}
+
 impl LeaseStore {
     /// Register `owner` as a new live boot for `ttl`, revoking earlier boots of its node
     /// id in the same statement. Returns how many earlier boots were revoked.
+    /// Without a liveness lock (a pool cannot hold one): the TTL alone decides.
     pub async fn register_boot(&self, owner: &Owner, peer_addr: &str, ttl: Duration) -> Result<u64> {
-        self.observer.time("register boot", register(&self.pool, owner, peer_addr, ttl)).await
+        self.observer.time("register boot", register(&self.pool, owner, peer_addr, ttl, false)).await
+    }
+
+    /// [`LeaseStore::register_boot`] on the heartbeat's own connection, which holds the
+    /// boot's liveness lock when `liveness` says so.
+    pub async fn register_boot_on(
+        &self,
+        conn: &mut PgConnection,
+        owner: &Owner,
+        peer_addr: &str,
+        ttl: Duration,
+        liveness: bool,
+    ) -> Result<u64> {
+        self.observer.time("register boot", register(conn, owner, peer_addr, ttl, liveness)).await
+    }
+
+    /// [`LeaseStore::renew_all`] on the heartbeat's own connection.
+    pub async fn renew_on(
+        &self,
+        conn: &mut PgConnection,
+        owner: &Owner,
+        ttl: Duration,
+        liveness: bool,
+    ) -> Result<Option<NodeLease>> {
+        self.observer.time("renew node lease", renew(conn, owner, ttl, liveness)).await
     }
 
     /// Renew this boot's node lease, and with it every session it holds, in one
@@ -95,14 +145,7 @@ impl LeaseStore {
     /// session of this boot is lost and the process must register a new boot.
     pub async fn renew_all(&self, owner: &Owner, ttl: Duration) -> Result<Option<NodeLease>> {
         // Not bounded here: the heartbeat bounds each beat by its interval.
-        let query = sqlx::query(RENEW_SQL).bind(owner.as_str()).bind(ttl_ms(ttl));
-        let row = self
-            .observer
-            .time("renew node lease", async {
-                query.fetch_optional(&self.pool).await.map_err(db("renew node lease"))
-            })
-            .await?;
-        Ok(row.map(|row| NodeLease { owner: owner.clone(), remaining: remaining(row.get("remaining_ms")) }))
+        self.observer.time("renew node lease", renew(&self.pool, owner, ttl, false)).await
     }
 
     /// Hand every session of this boot back in one statement (drain). Returns how many

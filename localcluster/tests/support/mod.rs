@@ -40,6 +40,20 @@ pub async fn epoch(database_url: &str, key: &str) -> Option<i64> {
         .expect("read lease")
 }
 
+/// Wait until the Postgres behind `database_url` has been up longer than `ttl`: until
+/// then it judges no boot dead by its closed connection (a restart closed them all).
+pub async fn postgres_up_for(database_url: &str, ttl: std::time::Duration) {
+    let mut conn = PgConnection::connect(database_url).await.expect("connect");
+    let up: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8")
+        .fetch_one(&mut conn)
+        .await
+        .expect("read the postmaster's start");
+    let wait = ttl.as_secs_f64() - up + 0.1;
+    if wait > 0.0 {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(wait)).await;
+    }
+}
+
 /// How long a test waits for a condition it synchronises on (an event, a metric, a
 /// history row, readiness) before failing: generous, as other tests' clusters share the
 /// two cores.

@@ -373,6 +373,25 @@ impl Ownership {
         self.metrics.set_leases_held(0);
     }
 
+    /// Expire `owner`'s node lease if Postgres says its connection is gone (its liveness
+    /// lock is free): `true` when it did, and every session of that boot is claimable.
+    /// A store error reads as "not known to be dead".
+    pub async fn reap_dead(&self, owner: &Owner, ttl: std::time::Duration) -> bool {
+        let me = self.node.borrow().owner.clone();
+        match self.counted(self.store.reap_dead_boots(&me, Some(owner), ttl).await) {
+            Ok(dead) if !dead.is_empty() => {
+                tracing::info!(%owner, "owner refused the connection and its connection to the lease store closed: expired its node lease");
+                self.forget_holder(owner);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(%owner, error = %e, "could not ask the lease store whether an unreachable owner is dead");
+                false
+            }
+        }
+    }
+
     /// Count a failed store statement on its way to the caller.
     fn counted<T>(&self, result: Result<T, store::Error>) -> Result<T, store::Error> {
         if result.as_ref().is_err_and(store::Error::is_unavailable) {

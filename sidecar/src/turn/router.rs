@@ -130,6 +130,9 @@ pub struct TurnRouter {
     pub inflight: Arc<InFlight>,
     pub metrics: Arc<Metrics>,
     pub ttl: Duration,
+    /// `--connection-liveness`: an owner that refuses connections is asked about in
+    /// Postgres (is its liveness lock gone?) before a client is told to wait its TTL.
+    pub connection_liveness: bool,
     pub draining: tokio::sync::watch::Receiver<bool>,
     pub drain_timeout: Duration,
 }
@@ -316,11 +319,25 @@ impl TurnRouter {
         let Some(admitted) = self.inflight.admit(&self.draining) else {
             return self.draining_refusal();
         };
-        let next = match self.ownership.resolve(&turn.key, true).await {
+        let mut next = match self.ownership.resolve(&turn.key, true).await {
             Err(e) => return self.unresolved(e),
             Ok(Route::Local(lease)) => return self.run_local(turn, lease, admitted).await,
             Ok(Route::Remote(next)) => next,
         };
+        // Its port refuses connections and its lease is live: if Postgres has also seen its
+        // connection close, it is dead. Expire its node lease and claim again, rather than
+        // tell the client to wait out the TTL.
+        if next.owner == holder.owner
+            && matches!(first, Hop::NotConnected)
+            && self.connection_liveness
+            && self.ownership.reap_dead(&holder.owner, self.ttl).await
+        {
+            next = match self.ownership.resolve(&turn.key, true).await {
+                Err(e) => return self.unresolved(e),
+                Ok(Route::Local(lease)) => return self.run_local(turn, lease, admitted).await,
+                Ok(Route::Remote(next)) => next,
+            };
+        }
         drop(admitted);
         if next.owner == holder.owner {
             return match first {
