@@ -7,8 +7,11 @@
 //!   `bbb3b87` (the last commit before the journal's turn path, edb6bbe), run with the
 //!   *same* demo agent binary (it sends the resume header only when it gets one);
 //! - **per-event**: this workspace's sidecar with `LEASEHOLD_JOURNAL_MAX_BATCH=1` (one
-//!   INSERT per event; `LEASEHOLD_JOURNAL_LINGER=1ms`, the flag refuses 0, and a batch of
-//!   one never waits for company anyway), for the group commit figure.
+//!   INSERT per event, no linger), for the group commit figure.
+//!
+//! The journal setups run the sidecar's defaults (the adaptive group commit, no linger);
+//! a `LEASEHOLD_JOURNAL_LINGER` in the bench's environment reaches them (e.g. `5ms`, the
+//! previous default), not the per-event setup, which sets its own.
 //!
 //! Measured:
 //! 1. turn latency p50/p99 and turns/s of a 50-token turn (`think_ms` 0) through the
@@ -806,9 +809,7 @@ async fn main() {
         (None, None)
     };
     let per_event_env = vec![
-        // The sidecar refuses a zero linger; with a batch of one it never lingers anyway
-        // (publish.rs gathers more ops only while the batch holds fewer than max_batch).
-        ("LEASEHOLD_JOURNAL_LINGER".to_owned(), "1ms".to_owned()),
+        ("LEASEHOLD_JOURNAL_LINGER".to_owned(), "0s".to_owned()),
         ("LEASEHOLD_JOURNAL_MAX_BATCH".to_owned(), "1".to_owned()),
     ];
     let per_event = if settings.part("throughput") {

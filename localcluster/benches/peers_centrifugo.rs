@@ -3,8 +3,9 @@
 //! one event every 20 ms (the observe bench's pace), through
 //! - leasehold, subscribers on a non-owner sidecar (one upstream hop; the owner publishes
 //!   through its agent API, fenced, and journals each event in Postgres before fan-out);
-//! - the same with the journal's linger off (`LEASEHOLD_JOURNAL_MAX_BATCH=1`: one INSERT
-//!   per event, no waiting for company), to show what the 5 ms group-commit linger adds;
+//! - the same with the previous default, a fixed 5 ms journal linger
+//!   (`LEASEHOLD_JOURNAL_LINGER=5ms`: the first event into an empty queue waits that long
+//!   for company), beside the default adaptive group commit (no wait);
 //! - leasehold, subscribers on the owner itself;
 //! - Centrifugo, subscribers on its unidirectional SSE transport (`/connection/uni_sse`,
 //!   subscribed in the connect request), events published with its HTTP API
@@ -70,7 +71,7 @@ const CHANNEL: &str = "bench";
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Server {
     LeaseholdRemote,
-    LeaseholdRemoteNoLinger,
+    LeaseholdRemoteLinger5ms,
     LeaseholdOwner,
     Centrifugo,
 }
@@ -79,7 +80,7 @@ impl fmt::Display for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Server::LeaseholdRemote => "leasehold, non-owner sidecar",
-            Server::LeaseholdRemoteNoLinger => "leasehold, non-owner sidecar, no journal linger",
+            Server::LeaseholdRemoteLinger5ms => "leasehold, non-owner sidecar, 5 ms journal linger",
             Server::LeaseholdOwner => "leasehold, owner sidecar",
             Server::Centrifugo => "Centrifugo v6.9.1 uni_sse",
         })
@@ -87,7 +88,7 @@ impl fmt::Display for Server {
 }
 
 const SERVERS: [Server; 4] =
-    [Server::LeaseholdRemote, Server::LeaseholdRemoteNoLinger, Server::LeaseholdOwner, Server::Centrifugo];
+    [Server::LeaseholdRemote, Server::LeaseholdRemoteLinger5ms, Server::LeaseholdOwner, Server::Centrifugo];
 
 /// The server of one run, started afresh.
 enum Running {
@@ -99,11 +100,11 @@ impl Running {
     async fn start(server: Server, ctx: &Context, run: usize) -> anyhow::Result<Running> {
         Ok(match server {
             Server::Centrifugo => Running::Centrifugo(Centrifugo::start(&ctx.centrifugo).await?),
-            Server::LeaseholdRemote | Server::LeaseholdRemoteNoLinger | Server::LeaseholdOwner => {
+            Server::LeaseholdRemote | Server::LeaseholdRemoteLinger5ms | Server::LeaseholdOwner => {
                 let mut options = bench_options();
-                if server == Server::LeaseholdRemoteNoLinger {
-                    // A batch of one never lingers: each event is its own INSERT at once.
-                    let env = vec![("LEASEHOLD_JOURNAL_MAX_BATCH".to_owned(), "1".to_owned())];
+                if server == Server::LeaseholdRemoteLinger5ms {
+                    // The fixed wait the sidecar had by default before the adaptive group commit.
+                    let env = vec![("LEASEHOLD_JOURNAL_LINGER".to_owned(), "5ms".to_owned())];
                     options.sidecar_env = vec![env; options.nodes];
                 }
                 let cluster = Cluster::start(&ctx.db, options).await?;

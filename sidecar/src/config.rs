@@ -11,11 +11,15 @@ use crate::turn::{
 
 /// Parse `15s`, `500ms`, `2m`.
 fn duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 15s, 500ms, 2m)"))?;
+    let d = duration_or_zero(s)?;
     if d.is_zero() {
         return Err("must be greater than zero".into());
     }
     Ok(d)
+}
+
+fn duration_or_zero(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 15s, 500ms, 2m)"))
 }
 
 #[derive(Debug, Parser)]
@@ -198,9 +202,10 @@ pub struct RunArgs {
     pub max_turn_attempts: u32,
 
     /// How long the first published event into an empty journal queue waits for others
-    /// before the group commit (benchmarks compare 0 and a batch of 1: one INSERT per
-    /// event).
-    #[arg(long, env = "LEASEHOLD_JOURNAL_LINGER", default_value = "5ms", value_parser = duration, hide = true)]
+    /// before its group commit. 0 (the default): no wait, the adaptive group commit (a
+    /// lone event is written at once; what arrives while a statement runs makes up the
+    /// next one).
+    #[arg(long, env = "LEASEHOLD_JOURNAL_LINGER", default_value = "0s", value_parser = duration_or_zero, hide = true)]
     pub journal_linger: Duration,
 
     /// Events per journal statement at most.

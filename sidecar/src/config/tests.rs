@@ -32,6 +32,18 @@ fn defaults_match_the_contract() {
     assert!(args.migrate);
     assert_eq!(args.worker_threads, 0, "one runtime thread per core");
     assert_eq!(args.max_body_bytes, 1024 * 1024);
+    assert_eq!(args.journal_linger, Duration::ZERO, "the adaptive group commit");
+    assert_eq!(args.journal_linger, crate::publish::LINGER);
+    assert_eq!(args.journal_max_batch as usize, crate::publish::MAX_BATCH);
+}
+
+#[test]
+fn the_journal_linger_takes_zero_and_a_fixed_wait() {
+    assert_eq!(run(&["--journal-linger", "0s"]).journal_linger, Duration::ZERO);
+    assert_eq!(run(&["--journal-linger", "5ms"]).journal_linger, Duration::from_millis(5));
+    let mut args = BASE.to_vec();
+    args.extend_from_slice(&["--journal-linger", "soon"]);
+    assert!(parse(&args).is_err(), "not a duration");
 }
 
 #[test]
