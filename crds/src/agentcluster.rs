@@ -203,6 +203,12 @@ pub struct SidecarSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = "^(text|json)$"))]
     pub log_format: Option<String>,
+
+    /// Connection liveness (`LEASEHOLD_CONNECTION_LIVENESS`): a pod whose sidecar process
+    /// died is judged dead as soon as Postgres sees its connection close, and its sessions
+    /// move at once instead of after `leaseTtl`. Unset: the sidecar's default, on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_liveness: Option<bool>,
 }
 
 fn default_lease_ttl() -> String {
@@ -229,6 +235,7 @@ impl Default for SidecarSpec {
             log_level: default_log_level(),
             forward_headers: None,
             log_format: None,
+            connection_liveness: None,
         }
     }
 }

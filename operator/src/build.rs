@@ -278,6 +278,9 @@ fn sidecar(ac: &AgentCluster, image: &str) -> Container {
     if let Some(format) = &s.log_format {
         env_vars.push(env("LEASEHOLD_LOG_FORMAT", format));
     }
+    if let Some(on) = s.connection_liveness {
+        env_vars.push(env("LEASEHOLD_CONNECTION_LIVENESS", on.to_string()));
+    }
     Container {
         name: SIDECAR_CONTAINER.to_owned(),
         image: Some(s.image.clone().unwrap_or_else(|| image.to_owned())),

@@ -345,6 +345,21 @@ fn the_sidecar_gets_the_forwarded_headers_as_env_only_when_set() {
     }
 }
 
+/// `spec.sidecar.connectionLiveness` becomes `LEASEHOLD_CONNECTION_LIVENESS` only when set.
+#[test]
+fn the_sidecar_gets_connection_liveness_as_env_only_when_set() {
+    let ac = fixture("basic.yaml");
+    let timings = validate(&ac.spec).unwrap();
+    let sidecar = sidecar_of(&build::deployment(&ac, &timings, IMAGE, VERSION));
+    assert_eq!(env_value(&sidecar, "LEASEHOLD_CONNECTION_LIVENESS"), None, "unset: the sidecar's default");
+    for on in [false, true] {
+        let mut set = ac.clone();
+        set.spec.sidecar.connection_liveness = Some(on);
+        let sidecar = sidecar_of(&build::deployment(&set, &timings, IMAGE, VERSION));
+        assert_eq!(env_value(&sidecar, "LEASEHOLD_CONNECTION_LIVENESS"), Some(on.to_string()));
+    }
+}
+
 /// `spec.sidecar.logFormat` becomes `LEASEHOLD_LOG_FORMAT` only when set.
 #[test]
 fn the_sidecar_gets_the_log_format_as_env_only_when_set() {
