@@ -24,7 +24,7 @@ use std::{
 };
 
 use leasehold_core::{
-    store::{Answer, Append, Begun, Claim, JournalEvent, LeaseStore, NewTurn, TurnKind},
+    store::{liveness, Answer, Append, Begun, Claim, JournalEvent, LeaseStore, NewTurn, TurnKind},
     Epoch, EventId, Owner, SessionKey,
 };
 use rand::RngCore;
@@ -328,15 +328,17 @@ fn table_header() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
 }
 
-/// 100 nodes with their sessions, each renewing its node row on its own connection (as
-/// the sidecar's dedicated heartbeat pool does) every [`HEARTBEAT_INTERVAL`], beside the
-/// same connections idle.
+/// 100 nodes with their sessions, each beating on its own connection every
+/// [`HEARTBEAT_INTERVAL`] as the sidecar's heartbeat does: the connection holds the
+/// boot's liveness lock, and a beat is the renewal and then the look for dead peers
+/// (`store::liveness`); beside the same connections idle.
 async fn bench_heartbeat(bench: &Bench) {
     let mut nodes = Vec::new();
     for n in 0..NODES {
-        let store = bench.store.dedicated(1);
-        sqlx::query("SELECT 1").execute(store.pool()).await.unwrap();
-        nodes.push((Owner::new_boot(&format!("hb-node-{n}")), store));
+        let owner = Owner::new_boot(&format!("hb-node-{n}"));
+        let mut conn = bench.store.liveness_connection().await.unwrap();
+        assert!(liveness::try_lock(&mut conn, &owner).await.unwrap());
+        nodes.push((owner, conn));
     }
     println!("## heartbeat of {NODES} nodes ({SESSIONS_PER_NODE} sessions each), every {HEARTBEAT_INTERVAL:?}, TTL {LEASE_TTL:?}\n");
     println!("| phase | window s | renewals/s | p50 ms | p99 ms | PG CPU % of one core | client CPU % | machine busy cores | WAL KB/s |");
@@ -361,8 +363,8 @@ async fn bench_heartbeat(bench: &Bench) {
     tokio::time::sleep(HEARTBEAT_WINDOW).await;
     row(&format!("{NODES} connections open, idle"), &bench.probe.finish(window).await, &[]);
 
-    for (owner, store) in &nodes {
-        store.register_boot(owner, "127.0.0.1:1", LEASE_TTL).await.unwrap();
+    for (owner, conn) in &mut nodes {
+        bench.store.register_boot_on(conn, owner, "127.0.0.1:1", LEASE_TTL, true).await.unwrap();
     }
     let owners: Vec<&str> = nodes.iter().map(|(o, _)| o.as_str()).collect();
     sqlx::query(
@@ -380,10 +382,10 @@ async fn bench_heartbeat(bench: &Bench) {
     let window = bench.probe.start().await;
     let deadline = Instant::now() + HEARTBEAT_WINDOW;
     let beating: Vec<_> = nodes
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(n, (owner, store))| {
-            let (owner, store) = (owner.clone(), store.clone());
+        .map(|(n, (owner, mut conn))| {
+            let store = bench.store.clone();
             // Spread the nodes over the interval, as independent pods are.
             let phase = HEARTBEAT_INTERVAL * n as u32 / NODES as u32;
             tokio::spawn(async move {
@@ -395,8 +397,10 @@ async fn bench_heartbeat(bench: &Bench) {
                         () = tokio::time::sleep_until(deadline) => break samples,
                     }
                     let t0 = Instant::now();
-                    let lease = store.renew_all(&owner, LEASE_TTL).await.unwrap();
+                    let lease = store.renew_on(&mut conn, &owner, LEASE_TTL, true).await.unwrap();
                     assert!(lease.is_some(), "a node renewing on time stays live");
+                    let dead = liveness::reap(&mut conn, &owner, None, LEASE_TTL).await.unwrap();
+                    assert!(dead.is_empty(), "every node holds its lock: {dead:?}");
                     samples.push(t0.elapsed());
                 }
             })
