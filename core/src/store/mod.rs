@@ -47,6 +47,14 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per sidecar: claims, fenced writes and the heartbeat run concurrently.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
 
+/// A pooled connection idle at least this long is pinged before it is handed out (a
+/// server restart or a proxy's idle close shows there, and the pool connects anew). One
+/// used more recently is handed out at once: a ping on every hand-out (sqlx's default)
+/// is a round trip on the path of every statement, two per turn (issue 20's profile); a
+/// connection that broke within this second fails its statement, which every caller
+/// already handles as the store failing (`may_have_landed`).
+pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +156,23 @@ pub(crate) fn remaining(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
+/// The store's pools: `max_connections`, [`CONNECT_TIMEOUT`], and a connection pinged
+/// before it is handed out only when it sat idle [`PING_IDLE_AFTER`] or longer.
+fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IDLE_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// Handle to the lease store. Cheap to clone (wraps a connection pool).
 #[derive(Debug, Clone)]
 pub struct LeaseStore {
@@ -182,10 +207,7 @@ impl LeaseStore {
     }
 
     fn lazy_with(options: PgConnectOptions, max_connections: u32) -> Self {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options);
+        let pool = pool_options(max_connections).connect_lazy_with(options);
         Self { pool, observer: Observer::default() }
     }
 
@@ -202,21 +224,13 @@ impl LeaseStore {
     /// every connection is busy with requests cannot starve it.
     pub fn dedicated(&self, max_connections: u32) -> Self {
         let options = self.pool.connect_options().as_ref().clone();
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options);
+        let pool = pool_options(max_connections).connect_lazy_with(options);
         Self { pool, observer: self.observer.clone() }
     }
 
     /// Connect now, failing fast when the database is unreachable (`migrate`).
     pub async fn connect(database_url: &str, max_connections: u32) -> Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect(database_url)
-            .await
-            .map_err(db("connect"))?;
+        let pool = pool_options(max_connections).connect(database_url).await.map_err(db("connect"))?;
         Ok(Self { pool, observer: Observer::default() })
     }
 

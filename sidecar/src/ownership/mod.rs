@@ -13,7 +13,10 @@ pub use holders::MAX_TRUST as HOLDER_MAX_TRUST;
 
 use std::{
     collections::HashMap,
-    sync::{atomic::AtomicU64, Arc, Mutex},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 
@@ -42,6 +45,24 @@ pub struct LocalLease {
     /// sent, uncounted only when refused by the fence): a turn halted after one of them
     /// may be in the history, so it is not retried.
     pub landed: Arc<AtomicU64>,
+    /// Set once the turns an earlier owner left unfinished were looked for at this epoch:
+    /// held with the lease, not with the session's turn queue (whose entry goes whenever
+    /// nothing runs or waits), so sequential turns do not read the journal each time.
+    pub unfinished_checked: Arc<AtomicBool>,
+}
+
+impl LocalLease {
+    /// True until [`LocalLease::unfinished_were_checked`] at this epoch: the moment to
+    /// look for turns an earlier owner left unfinished. The caller holds the session's
+    /// turn (its queue place), so no two turns of it look at once.
+    pub fn unfinished_unchecked(&self) -> bool {
+        !self.unfinished_checked.load(Ordering::Acquire)
+    }
+
+    /// The earlier owners' unfinished turns were looked for (and resumed) at this epoch.
+    pub fn unfinished_were_checked(&self) {
+        self.unfinished_checked.store(true, Ordering::Release);
+    }
 }
 
 /// Where a session runs.
@@ -92,6 +113,7 @@ struct Held {
     epoch: Epoch,
     halt: CancellationToken,
     landed: Arc<AtomicU64>,
+    unfinished_checked: Arc<AtomicBool>,
 }
 
 impl Held {
@@ -102,6 +124,7 @@ impl Held {
             epoch: self.epoch,
             halt: self.halt.clone(),
             landed: self.landed.clone(),
+            unfinished_checked: self.unfinished_checked.clone(),
         }
     }
 }
@@ -211,7 +234,13 @@ impl Ownership {
                 return entry.lease(key);
             }
         }
-        let entry = Held { owner, epoch, halt: CancellationToken::new(), landed: Arc::default() };
+        let entry = Held {
+            owner,
+            epoch,
+            halt: CancellationToken::new(),
+            landed: Arc::default(),
+            unfinished_checked: Arc::default(),
+        };
         let lease = entry.lease(key);
         let old = table.insert(key.clone(), entry);
         self.metrics.set_leases_held(table.len());

@@ -14,7 +14,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use leasehold_core::{Epoch, SessionKey};
+use leasehold_core::SessionKey;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -82,13 +82,11 @@ struct Slot {
     /// Turns waiting for the slot (changed under the queue's lock).
     waiting: usize,
     running: Option<Running>,
-    /// The epoch whose interrupted turns were looked for (once per epoch held).
-    checked: Option<Epoch>,
 }
 
 impl Slot {
     fn new() -> Self {
-        Slot { turn: Arc::new(Semaphore::new(1)), waiting: 0, running: None, checked: None }
+        Slot { turn: Arc::new(Semaphore::new(1)), waiting: 0, running: None }
     }
 }
 
@@ -210,14 +208,6 @@ impl Place {
             slot.running = None;
         }
     }
-
-    /// True the first time it is asked for `epoch` while this session has an entry: the
-    /// moment to look for turns an earlier owner left unfinished.
-    pub fn first_at(&self, epoch: Epoch) -> bool {
-        let mut slots = self.queue.slots();
-        let Some(slot) = slots.get_mut(&self.key) else { return true };
-        slot.checked.replace(epoch) != Some(epoch)
-    }
 }
 
 impl Drop for Place {
@@ -307,14 +297,5 @@ mod tests {
         drop(first);
         interrupter.await.unwrap().unwrap();
         assert_eq!(queue.running_turn_id(&key()), None);
-    }
-
-    #[tokio::test]
-    async fn interrupted_turns_are_looked_for_once_per_epoch() {
-        let queue = TurnQueue::new(16);
-        let place = queue.enter(&key(), Multitask::Enqueue).await.unwrap();
-        assert!(place.first_at(Epoch(1)));
-        assert!(!place.first_at(Epoch(1)));
-        assert!(place.first_at(Epoch(2)));
     }
 }

@@ -205,10 +205,11 @@ impl Runner {
         if lease.halt.is_cancelled() {
             return Ran::Settled(Outcome::Refused(Refusal::Fenced { ttl: self.ttl }));
         }
-        if place.first_at(lease.epoch) {
+        if lease.unfinished_unchecked() {
             if let Err(outcome) = self.resume_unfinished(&place, &lease, Some(&turn.id)).await {
                 return Ran::Settled(outcome);
             }
+            lease.unfinished_were_checked();
         }
         let digest = turn.digest();
         let new = NewTurn {
@@ -313,9 +314,12 @@ impl Runner {
     /// sweep for orphaned turns).
     pub async fn resume_orphaned(self: &Arc<Self>, lease: LocalLease, guard: InFlightGuard) {
         let Ok(place) = self.queue.enter(&lease.key, Multitask::Enqueue).await else { return };
-        if place.first_at(lease.epoch) {
-            if let Err(outcome) = self.resume_unfinished(&place, &lease, None).await {
-                tracing::warn!(key = %lease.key, ?outcome, "an orphaned turn could not be resumed now");
+        if lease.unfinished_unchecked() {
+            match self.resume_unfinished(&place, &lease, None).await {
+                Ok(()) => lease.unfinished_were_checked(),
+                Err(outcome) => {
+                    tracing::warn!(key = %lease.key, ?outcome, "an orphaned turn could not be resumed now")
+                }
             }
         }
         drop(guard);

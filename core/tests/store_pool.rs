@@ -1,0 +1,45 @@
+//! The store's pools ping a connection before handing it out only when it sat idle
+//! `PING_IDLE_AFTER` or longer (issue 20: a ping on every hand-out was a round trip on
+//! the path of every statement). A connection that died while idle is still replaced.
+
+mod support;
+
+use std::time::Duration;
+
+use leasehold_core::store::{LeaseStore, PING_IDLE_AFTER};
+use sqlx::{Connection, PgConnection};
+use support::{boot, LONG_TTL};
+
+/// Past the idle threshold, with room for a slow machine's timer.
+const PAST_IDLE: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn a_connection_killed_while_idle_is_replaced_before_a_statement_uses_it() {
+    let url = support::create_database().await;
+    let name = format!("lh_ping_{}", uuid::Uuid::new_v4().simple());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    // One connection, so the statement after the kill can only get that one or a new one.
+    let store = LeaseStore::connect_lazy(&format!("{url}{sep}application_name={name}"), 1).unwrap();
+    store.migrate().await.expect("migrate");
+    boot(&store, "node-a", LONG_TTL).await;
+
+    let mut admin = PgConnection::connect(&support::admin_url()).await.expect("connect");
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_all(&mut admin)
+    .await
+    .expect("terminate the pool's backend");
+    assert_eq!(killed, [true], "the pool's one connection was killed");
+
+    tokio::time::sleep(PING_IDLE_AFTER + PAST_IDLE).await;
+    let owner = boot(&store, "node-b", LONG_TTL).await;
+    let alive: Vec<String> =
+        sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE application_name = $1")
+            .bind(&name)
+            .fetch_all(&mut admin)
+            .await
+            .expect("list the pool's backends");
+    assert_eq!(alive.len(), 1, "a new connection served {owner}");
+}
