@@ -172,11 +172,17 @@ fn liveness_options() -> ClusterOptions {
     }
 }
 
-/// Claim `keys` on node-a with one turn each.
-async fn owned_by_node_a(cluster: &Cluster, keys: &[&str]) {
+/// A cluster with [`liveness_options`] on a Postgres up longer than its TTL (so it judges
+/// closed connections), `keys` claimed on node-a with one turn each; its database URL.
+async fn liveness_cluster(keys: &[&str]) -> (Cluster, String, ClusterOptions) {
+    let db = support::database().await;
+    let options = liveness_options();
+    support::postgres_up_for(&db, options.lease_ttl).await;
+    let cluster = Cluster::start(&db, options.clone()).await.unwrap();
     for key in keys {
-        turn_on_node_a(cluster, key, "before").await;
+        turn_on_node_a(&cluster, key, "before").await;
     }
+    (cluster, db, options)
 }
 
 /// With connection liveness (the default), kill -9 of an owner closes its connections
@@ -186,13 +192,9 @@ async fn owned_by_node_a(cluster: &Cluster, keys: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_of_an_owner_moves_its_sessions_at_once_when_postgres_sees_its_connection_close() {
     let _serial = support::serial().await;
-    let db = support::database().await;
-    let options = liveness_options();
-    let ttl = options.lease_ttl;
-    support::postgres_up_for(&db, ttl).await;
-    let mut cluster = Cluster::start(&db, options).await.unwrap();
     let keys = ["gone-0", "gone-1", "gone-2"];
-    owned_by_node_a(&cluster, &keys).await;
+    let (mut cluster, db, options) = liveness_cluster(&keys).await;
+    let ttl = options.lease_ttl;
 
     cluster.nodes[0].kill9();
     let killed = Instant::now();
@@ -214,12 +216,8 @@ async fn kill9_of_an_owner_moves_its_sessions_at_once_when_postgres_sees_its_con
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_owners_idle_sessions_become_claimable_by_the_peers_heartbeats() {
     let _serial = support::serial().await;
-    let db = support::database().await;
-    let options = liveness_options();
+    let (mut cluster, _db, options) = liveness_cluster(&["idle-0"]).await;
     let (ttl, beat) = (options.lease_ttl, options.heartbeat);
-    support::postgres_up_for(&db, ttl).await;
-    let mut cluster = Cluster::start(&db, options).await.unwrap();
-    owned_by_node_a(&cluster, &["idle-0"]).await;
 
     cluster.nodes[0].kill9();
     let killed = Instant::now();
@@ -241,12 +239,8 @@ async fn a_killed_owners_idle_sessions_become_claimable_by_the_peers_heartbeats(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_owner_keeps_its_sessions_while_its_connection_stays_open() {
     let _serial = support::serial().await;
-    let db = support::database().await;
-    let options = liveness_options();
-    let (ttl, beat) = (options.lease_ttl, options.heartbeat);
-    support::postgres_up_for(&db, ttl).await;
-    let cluster = Cluster::start(&db, options).await.unwrap();
-    owned_by_node_a(&cluster, &["frozen-0"]).await;
+    let (cluster, _db, options) = liveness_cluster(&["frozen-0"]).await;
+    let beat = options.heartbeat;
 
     cluster.nodes[0].pause();
     tokio::time::sleep(beat * 4).await; // four beats of every survivor

@@ -31,10 +31,10 @@ pub const LOCK_CLASS: i32 = 0x6c68_6c6b;
 /// Take the boot's lock on this connection, without waiting: `false` when another
 /// connection holds it (that connection's backend has not noticed yet that it is dead,
 /// or two live boots' owners hash alike); the boot then says it holds none.
-const TRY_LOCK_SQL: &str = "SELECT pg_try_advisory_lock($1, hashtext($2)) AS locked";
+const TRY_LOCK_SQL: &str = "SELECT pg_try_advisory_lock($1, hashtext($2))";
 
 /// Let go of an earlier boot's lock on this connection (a new boot after a lost one).
-const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock($1, hashtext($2)) AS unlocked";
+const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock($1, hashtext($2))";
 
 /// Expire the node row of every live boot that says it holds a liveness lock and no
 /// longer does (its connection is gone), except the caller's own (`$1`); only `$2` when
@@ -57,24 +57,24 @@ RETURNING n.owner
 /// Take `owner`'s liveness lock on `conn`. Re-taking a lock this connection already
 /// holds stacks it (harmless: every level goes with the connection).
 pub async fn try_lock(conn: &mut PgConnection, owner: &Owner) -> Result<bool> {
-    let row = sqlx::query(TRY_LOCK_SQL)
-        .bind(LOCK_CLASS)
-        .bind(owner.as_str())
-        .fetch_one(conn)
-        .await
-        .map_err(db("take liveness lock"))?;
-    Ok(row.get("locked"))
+    lock_function(conn, TRY_LOCK_SQL, owner, "take liveness lock").await
 }
 
 /// Release `owner`'s liveness lock on `conn` (one level).
 pub async fn unlock(conn: &mut PgConnection, owner: &Owner) -> Result<bool> {
-    let row = sqlx::query(UNLOCK_SQL)
-        .bind(LOCK_CLASS)
-        .bind(owner.as_str())
-        .fetch_one(conn)
-        .await
-        .map_err(db("release liveness lock"))?;
-    Ok(row.get("unlocked"))
+    lock_function(conn, UNLOCK_SQL, owner, "release liveness lock").await
+}
+
+/// Run one of Postgres's advisory-lock functions on `owner`'s key; its boolean answer.
+async fn lock_function(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    owner: &Owner,
+    context: &'static str,
+) -> Result<bool> {
+    let row =
+        sqlx::query(sql).bind(LOCK_CLASS).bind(owner.as_str()).fetch_one(conn).await.map_err(db(context))?;
+    Ok(row.get(0))
 }
 
 /// Expire the node rows of boots whose liveness lock is gone (see [`REAP_SQL`]).
