@@ -394,7 +394,9 @@ async fn bench_heartbeat(bench: &Bench) {
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {}
-                        () = tokio::time::sleep_until(deadline) => break samples,
+                        // The connection goes back with the samples: a node whose
+                        // window ended must not read as dead to one still beating.
+                        () = tokio::time::sleep_until(deadline) => break (samples, conn),
                     }
                     let t0 = Instant::now();
                     let lease = store.renew_on(&mut conn, &owner, LEASE_TTL, true).await.unwrap();
@@ -406,11 +408,14 @@ async fn bench_heartbeat(bench: &Bench) {
             })
         })
         .collect();
-    let mut renewals = Vec::new();
+    let (mut renewals, mut connections) = (Vec::new(), Vec::new());
     for node in beating {
-        renewals.extend(node.await.unwrap());
+        let (samples, conn) = node.await.unwrap();
+        renewals.extend(samples);
+        connections.push(conn);
     }
-    row("renewing", &bench.probe.finish(window).await, &renewals);
+    row("beating (renewal, then the look for dead peers)", &bench.probe.finish(window).await, &renewals);
+    drop(connections); // every lock goes now, after the window
     println!();
 }
 
