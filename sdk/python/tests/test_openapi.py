@@ -60,6 +60,9 @@ SIDECAR_ARGS = [
     "1",
     "--max-turn-attempts",
     "2",
+    # The killed owner's session must wait for its lease (`takeover_pending` is covered):
+    # with connection liveness on it would move at once.
+    "--connection-liveness=false",
 ]
 
 

@@ -65,7 +65,10 @@ test("a refused connection tries the next node; all refused is ConnectionError(u
 });
 
 test("a directive is honoured across a kill -9 of the owner: same turn served by the next owner", async () => {
-  await withCluster({ leaseTtlMs: 2000, heartbeatMs: 400 }, async (cluster) => {
+  // The TTL path (a pod lost with its network): with connection liveness on, Postgres sees a
+  // killed sidecar's connection close and its sessions move with no directive at all.
+  const sidecarArgs = ["--connection-liveness=false"];
+  await withCluster({ leaseTtlMs: 2000, heartbeatMs: 400, sidecarArgs }, async (cluster) => {
     const [a] = cluster.nodes as [Cluster["nodes"][number]];
     const toA = cluster.client({}, [a]);
     const key = "killed-owner";
