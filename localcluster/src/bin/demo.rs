@@ -151,8 +151,12 @@ async fn walkthrough(pg: &Postgres) -> anyhow::Result<()> {
     let e = cluster.index_of(&owner);
     step(&format!("kill -9 of the owner ({owner}): the session moves, from its checkpoint"));
     cluster.nodes[e].kill9();
-    println!("  killed {owner}; Postgres sees its connections close, so the node asked next expires its node");
-    println!("  lease and claims the session at once (with --connection-liveness=false: after the TTL, {TTL:?})");
+    println!(
+        "  killed {owner}; Postgres sees its connections close, so the node asked next expires its node"
+    );
+    println!(
+        "  lease and claims the session at once (with --connection-liveness=false: after the TTL, {TTL:?})"
+    );
     let survivor = (0..3).find(|&i| i != e && i != d).context("a node that is neither drained nor dead")?;
     let started = Instant::now();
     let answer = turn(&client, survivor, json!({ "text": "are you still there?" })).await?;
