@@ -47,14 +47,6 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per sidecar: claims, fenced writes and the heartbeat run concurrently.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
 
-/// A pooled connection idle at least this long is pinged before it is handed out (a
-/// server restart or a proxy's idle close shows there, and the pool connects anew). One
-/// used more recently is handed out at once: a ping on every hand-out (sqlx's default)
-/// is a round trip on the path of every statement, two per turn (issue 20's profile); a
-/// connection that broke within this second fails its statement, which every caller
-/// already handles as the store failing (`may_have_landed`).
-pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
-
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -156,21 +148,14 @@ pub(crate) fn remaining(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-/// The store's pools: `max_connections`, [`CONNECT_TIMEOUT`], and a connection pinged
-/// before it is handed out only when it sat idle [`PING_IDLE_AFTER`] or longer.
+/// The store's pools: `max_connections` and [`CONNECT_TIMEOUT`]. Every connection is
+/// pinged before it is handed out (sqlx's default): skipping the ping for connections
+/// used within the last second saved a round trip per statement (issue 20), but after a
+/// Postgres restart every such connection then failed its next statement, which a
+/// journal write must answer as "may have landed" (`fenced`), and the keyed fault run
+/// left a turn ambiguous (seed 14623622560526787520). Correct answers over 0.3 ms.
 fn pool_options(max_connections: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= PING_IDLE_AFTER {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
+    PgPoolOptions::new().max_connections(max_connections).acquire_timeout(CONNECT_TIMEOUT)
 }
 
 /// Handle to the lease store. Cheap to clone (wraps a connection pool).
