@@ -100,11 +100,14 @@ struct Link {
 impl Link {
     /// Forget a connection that failed below the SQL level: the server may have closed
     /// it (and released the lock); the next beat connects and takes the lock again.
-    fn check(&mut self, e: &store::Error) {
-        if matches!(e, store::Error::Database { source, .. } if !matches!(source, sqlx::Error::Database(_))) {
-            self.conn = None;
-            self.locked = None;
+    fn checked<T>(&mut self, result: Result<T, store::Error>) -> Result<T, store::Error> {
+        if let Err(store::Error::Database { source, .. }) = &result {
+            if !matches!(source, sqlx::Error::Database(_)) {
+                self.conn = None;
+                self.locked = None;
+            }
         }
+        result
     }
 }
 
@@ -171,10 +174,7 @@ impl Heartbeat {
         let revoked = match self.liveness {
             true => {
                 let registered = self.register_linked(&mut link, &owner).await;
-                if let Err(e) = &registered {
-                    link.check(e);
-                }
-                registered?
+                link.checked(registered)?
             }
             false => self.store.register_boot(&owner, &self.peer_addr, self.ttl).await?,
         };
@@ -287,8 +287,7 @@ impl Heartbeat {
         }
         let beat = async {
             if registered {
-                let holds = self.lock(link, owner).await?;
-                let conn = link.conn.as_mut().expect("connected by lock");
+                let (conn, holds) = self.lock(link, owner).await?;
                 return Ok(self.store.renew_on(conn, owner, self.ttl, holds).await?.map(|lease| lease.owner));
             }
             let fresh = Owner::new_boot(&self.node_id);
@@ -296,59 +295,56 @@ impl Heartbeat {
             Ok(Some(fresh))
         };
         let result = beat.await;
-        if let Err(e) = &result {
-            link.check(e);
-        }
-        result
+        link.checked(result)
     }
 
     /// Register `owner` on the heartbeat's connection, its liveness lock taken first (a
     /// row that says it holds a lock never exists without it).
     async fn register_linked(&self, link: &mut Link, owner: &Owner) -> Result<u64, store::Error> {
-        let holds = self.lock(link, owner).await?;
-        let conn = link.conn.as_mut().expect("connected by lock");
+        let (conn, holds) = self.lock(link, owner).await?;
         self.store.register_boot_on(conn, owner, &self.peer_addr, self.ttl, holds).await
     }
 
     /// Connect if need be and hold `owner`'s liveness lock on the connection (letting go
     /// of an earlier boot's). `false`: another connection holds it (our own broken one,
     /// whose backend has not noticed yet); the boot says so and the next beat tries again.
-    async fn lock(&self, link: &mut Link, owner: &Owner) -> Result<bool, store::Error> {
-        let conn = match &mut link.conn {
-            Some(conn) => conn,
-            None => {
-                link.locked = None;
-                link.conn.insert(self.store.liveness_connection().await?)
-            }
-        };
+    /// Returns the connection with the answer.
+    async fn lock<'l>(
+        &self,
+        link: &'l mut Link,
+        owner: &Owner,
+    ) -> Result<(&'l mut PgConnection, bool), store::Error> {
+        if link.conn.is_none() {
+            link.locked = None;
+            link.conn = Some(self.store.liveness_connection().await?);
+        }
+        let conn = link.conn.as_mut().expect("connected above");
         if link.locked.as_ref() == Some(owner) {
-            return Ok(true);
+            return Ok((conn, true));
         }
         if let Some(earlier) = link.locked.take() {
             liveness::unlock(conn, &earlier).await?;
         }
         if liveness::try_lock(conn, owner).await? {
             link.locked = Some(owner.clone());
-            return Ok(true);
+            return Ok((conn, true));
         }
         tracing::warn!(%owner, "liveness lock held by another connection; the TTL alone judges this boot until the next beat takes it");
-        Ok(false)
+        Ok((conn, false))
     }
 
     /// Expire the node rows of peers whose liveness lock is gone (they died): their
     /// sessions are claimable now rather than after their TTL.
     async fn reap(&self, link: &mut Link, me: &Owner) {
         let Some(conn) = link.conn.as_mut() else { return };
-        match liveness::reap(conn, me, None, self.ttl).await {
+        let reaped = liveness::reap(conn, me, None, self.ttl).await;
+        match link.checked(reaped) {
             Ok(dead) => {
                 for owner in dead {
                     tracing::info!(%owner, "a peer's connection to the lease store closed: expired its node lease");
                 }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not look for dead peers; next beat");
-                link.check(&e);
-            }
+            Err(e) => tracing::warn!(error = %e, "could not look for dead peers; next beat"),
         }
     }
 }

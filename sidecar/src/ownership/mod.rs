@@ -403,20 +403,18 @@ impl Ownership {
     }
 
     /// Expire `owner`'s node lease if Postgres says its connection is gone (its liveness
-    /// lock is free): `true` when it did, and every session of that boot is claimable.
-    /// A store error reads as "not known to be dead".
-    pub async fn reap_dead(&self, owner: &Owner, ttl: std::time::Duration) -> bool {
+    /// lock is free): every session of that boot is claimable then. A store error reads
+    /// as "not known to be dead".
+    pub async fn reap_dead(&self, owner: &Owner, ttl: Duration) {
         let me = self.node.borrow().owner.clone();
         match self.counted(self.store.reap_dead_boots(&me, Some(owner), ttl).await) {
             Ok(dead) if !dead.is_empty() => {
                 tracing::info!(%owner, "owner refused the connection and its connection to the lease store closed: expired its node lease");
                 self.forget_holder(owner);
-                true
             }
-            Ok(_) => false,
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(%owner, error = %e, "could not ask the lease store whether an unreachable owner is dead");
-                false
             }
         }
     }

@@ -319,25 +319,17 @@ impl TurnRouter {
         let Some(admitted) = self.inflight.admit(&self.draining) else {
             return self.draining_refusal();
         };
-        let mut next = match self.ownership.resolve(&turn.key, true).await {
+        // Its port refuses connections: if Postgres has also seen its connection close, it
+        // is dead. Expire its node lease first, so the claim below takes the session over
+        // rather than telling the client to wait out the TTL.
+        if matches!(first, Hop::NotConnected) && self.connection_liveness {
+            self.ownership.reap_dead(&holder.owner, self.ttl).await;
+        }
+        let next = match self.ownership.resolve(&turn.key, true).await {
             Err(e) => return self.unresolved(e),
             Ok(Route::Local(lease)) => return self.run_local(turn, lease, admitted).await,
             Ok(Route::Remote(next)) => next,
         };
-        // Its port refuses connections and its lease is live: if Postgres has also seen its
-        // connection close, it is dead. Expire its node lease and claim again, rather than
-        // tell the client to wait out the TTL.
-        if next.owner == holder.owner
-            && matches!(first, Hop::NotConnected)
-            && self.connection_liveness
-            && self.ownership.reap_dead(&holder.owner, self.ttl).await
-        {
-            next = match self.ownership.resolve(&turn.key, true).await {
-                Err(e) => return self.unresolved(e),
-                Ok(Route::Local(lease)) => return self.run_local(turn, lease, admitted).await,
-                Ok(Route::Remote(next)) => next,
-            };
-        }
         drop(admitted);
         if next.owner == holder.owner {
             return match first {
